@@ -1,0 +1,54 @@
+//! Where limiter state lives: the embedded in-process store or Redis.
+//!
+//! Both answer the same question — "admit this request against all of these limits?" — in
+//! one call, all-or-nothing: if any enforced (non-shadow) limit refuses, nothing is consumed;
+//! otherwise every limit that admitted is charged (a shadow limit that refused is not).
+
+pub mod memory;
+
+use crate::algo::{Decision, Params};
+
+/// One limit of one request, as the store sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitCall {
+    /// Full store key: `{prefix}{route}:{limit}:{algorithm}:{{identity hash}}`.
+    pub key: String,
+    pub params: Params,
+    pub cost: u64,
+    /// A shadow limit is decided and counted but never refuses the request.
+    pub shadow: bool,
+}
+
+/// A peek at one key without consuming: the state as a cost-0 and a cost-1 request see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peek {
+    /// Decision for cost 0: current `remaining` and `reset_after_us`.
+    pub now: Decision,
+    /// Decision for cost 1: `retry_after_us` is 0 when one more unit would pass.
+    pub next: Decision,
+}
+
+/// Failures of a store call. Mapped to the route's `on_error` policy by the limit stage.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    #[error("store timed out")]
+    Timeout,
+    #[error("store connection failed: {0}")]
+    Connection(String),
+    #[error("store script error: {0}")]
+    Script(String),
+    #[error("store circuit breaker open")]
+    BreakerOpen,
+}
+
+impl StoreError {
+    /// The `kind` label of `sluice_store_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Timeout => "timeout",
+            StoreError::Connection(_) => "connection",
+            StoreError::Script(_) => "script",
+            StoreError::BreakerOpen => "breaker_open",
+        }
+    }
+}
