@@ -1,4 +1,24 @@
 //! Sluice: an HTTP reverse-proxy gateway with built-in, distributed rate limiting.
+//!
+//! A request goes through one module per stage: [`route`] (match) → [`identify`] →
+//! [`limit`] (one atomic [`store`] call deciding every [`algo`] limit) → [`forward`] →
+//! [`respond`] → log (in [`proxy`], which runs the phases). Config is parsed and compiled by
+//! [`config`] into an immutable [`table::Table`] that [`reload`] swaps atomically.
 
+pub mod admin;
 pub mod algo;
+pub mod app;
+pub mod body;
+pub mod config;
+pub mod forward;
+pub mod headers;
+pub mod identify;
+pub mod limit;
+pub mod metrics;
+pub mod proxy;
+pub mod reload;
+pub mod respond;
+pub mod route;
+pub mod server;
 pub mod store;
+pub mod table;

@@ -1,1 +1,209 @@
-fn main() {}
+//! `sluice` command line: `run` (the default), `check`, `--version`.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use sluice::config;
+use sluice::table::Table;
+
+#[derive(Parser)]
+#[command(
+    name = "sluice",
+    version,
+    about = "HTTP reverse-proxy gateway with built-in, distributed rate limiting"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Config file (default: $SLUICE_CONFIG, then config/sluice.yaml).
+    #[arg(
+        short = 'c',
+        long = "config",
+        global = true,
+        env = "SLUICE_CONFIG",
+        default_value = "config/sluice.yaml"
+    )]
+    config: PathBuf,
+    /// Log format on stderr (default: human on a terminal, JSON otherwise).
+    #[arg(long, global = true, value_enum)]
+    log_format: Option<LogFormat>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve (the default).
+    Run,
+    /// Validate the config offline and print a summary.
+    Check {
+        /// Also connect to the configured store and ping it.
+        #[arg(long)]
+        connect: bool,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command.unwrap_or(Command::Run) {
+        Command::Check { connect } => check(&cli.config, connect),
+        Command::Run => run(&cli.config, cli.log_format),
+    }
+}
+
+fn load_or_report(path: &std::path::Path) -> Option<Table> {
+    match config::load(path) {
+        Ok(t) => Some(t),
+        Err(errors) => {
+            for e in &errors.0 {
+                eprintln!("{e}");
+            }
+            None
+        }
+    }
+}
+
+fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
+    init_logging(format);
+    let Some(table) = load_or_report(path) else {
+        return ExitCode::from(1);
+    };
+    let rt = if table.workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(table.workers)
+            .enable_all()
+            .build()
+    };
+    let rt = match rt {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let code = rt.block_on(sluice::app::run(table, path.to_path_buf()));
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    ExitCode::from(code as u8)
+}
+
+fn check(path: &std::path::Path, connect: bool) -> ExitCode {
+    let Some(t) = load_or_report(path) else {
+        return ExitCode::from(1);
+    };
+    print!("{}", summary(path, &t));
+    if connect {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let result = rt.block_on(async {
+            let gw = sluice::app::gateway(t, path.to_path_buf()).await;
+            gw.store.ping().await
+        });
+        match result {
+            Ok(()) => println!("store: reachable"),
+            Err(e) => {
+                eprintln!("{}: store unreachable: {e}", path.display());
+                return ExitCode::from(1);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+fn summary(path: &std::path::Path, t: &Table) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{}: OK, version {}", path.display(), t.version);
+    let _ = writeln!(
+        s,
+        "listen {}  admin {}  workers {}",
+        t.listen, t.admin_listen, t.workers
+    );
+    let store = match t.store.kind {
+        config::file::StoreKind::Memory => format!("memory (max {} keys)", t.store.memory_max_keys),
+        config::file::StoreKind::Redis => format!(
+            "redis {:?} {}",
+            t.store.redis.mode,
+            t.store
+                .redis
+                .url
+                .as_deref()
+                .map(config::compile::redact_url)
+                .unwrap_or_else(|| t.store.redis.nodes.join(","))
+        ),
+    };
+    let _ = writeln!(s, "store {store}  on_error {:?}", t.store.on_error);
+    let _ = writeln!(
+        s,
+        "upstreams {}",
+        t.file
+            .upstreams
+            .iter()
+            .map(|(n, u)| format!("{n} ({})", u.targets.join(" ")))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let _ = writeln!(s, "routes {}:", t.routes.len());
+    for (r, fr) in t.routes.iter().zip(&t.file.routes) {
+        let m = &fr.matcher;
+        let path = m
+            .path
+            .as_deref()
+            .map(|p| format!("path {p}"))
+            .or(m.path_prefix.as_deref().map(|p| format!("prefix {p}")))
+            .or(m.path_regex.as_deref().map(|p| format!("regex {p}")))
+            .unwrap_or_default();
+        let methods = m
+            .methods
+            .as_ref()
+            .map(|ms| ms.join(",") + " ")
+            .unwrap_or_default();
+        let _ = writeln!(s, "  {:<20} {methods}{path} -> {}", r.name, fr.upstream);
+        for l in &fr.limits {
+            let by = match &l.by {
+                serde_yaml::Value::String(b) => b.clone(),
+                v => serde_yaml::to_string(v)
+                    .unwrap_or_default()
+                    .trim()
+                    .replace('\n', " "),
+            };
+            let burst = l.burst.map(|b| format!(" burst {b}")).unwrap_or_default();
+            let shadow = if l.shadow { " (shadow)" } else { "" };
+            let _ = writeln!(
+                s,
+                "      limit {:<14} {} {}{burst} by {by}{shadow}",
+                l.name, l.algorithm, l.rate
+            );
+        }
+    }
+    s
+}
+
+fn init_logging(format: Option<LogFormat>) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let json = match format {
+        Some(LogFormat::Json) => true,
+        Some(LogFormat::Human) => false,
+        None => !std::io::stderr().is_terminal(),
+    };
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().flatten_event(true).init();
+    } else {
+        b.init();
+    }
+}

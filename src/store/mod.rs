@@ -4,6 +4,7 @@
 //! one call, all-or-nothing: if any enforced (non-shadow) limit refuses, nothing is consumed;
 //! otherwise every limit that admitted is charged (a shadow limit that refused is not).
 
+pub mod backend;
 pub mod memory;
 
 use crate::algo::{Decision, Params};

@@ -1,0 +1,124 @@
+//! Process wiring for `sluice run`: store, gateway, listeners, reload, signals, drain.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+
+use crate::config::file::StoreKind;
+use crate::metrics::Metrics;
+use crate::proxy::Gateway;
+use crate::store::backend::Backend;
+use crate::store::memory::{Clock, MemoryStore};
+use crate::table::Table;
+use crate::{admin, reload, server};
+
+/// Build the gateway for a loaded table (stores connected, metrics registered).
+pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
+    let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
+    let store = match table.store.kind {
+        StoreKind::Memory => Backend::Memory(local.clone()),
+        StoreKind::Redis => {
+            tracing::error!(
+                "store.kind redis is not available in this build; using the embedded store"
+            );
+            Backend::Memory(local.clone())
+        }
+    };
+    let metrics = Metrics::new();
+    metrics.set_config_version(None, &table.version);
+    let last_seen = std::fs::read_to_string(&config_path)
+        .map(|t| crate::config::version_of(&t))
+        .unwrap_or_default();
+    Arc::new(Gateway {
+        table: ArcSwap::from_pointee(table),
+        store,
+        local,
+        metrics,
+        config_path,
+        reload_lock: Default::default(),
+        last_seen: parking_lot::Mutex::new(last_seen),
+    })
+}
+
+/// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.
+pub async fn run(table: Table, config_path: PathBuf) -> i32 {
+    let (listen, admin_listen) = (table.listen, table.admin_listen);
+    let (drain, header_timeout) = (table.drain_timeout, table.client_header_timeout);
+    let gw = gateway(table, config_path).await;
+
+    let data = match TcpListener::bind(listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%listen, error = %e, "cannot listen");
+            return 1;
+        }
+    };
+    let admin = match TcpListener::bind(admin_listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%admin_listen, error = %e, "cannot listen (admin)");
+            return 1;
+        }
+    };
+    tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin.local_addr().map_or(admin_listen, |a| a), version = %gw.table.load().version, "sluice serving");
+
+    let _watcher = match reload::spawn_watchers(gw.clone()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
+            None
+        }
+    };
+    let sweeper = gw.local.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            sweeper.sweep();
+        }
+    });
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let g = gw.clone();
+    let data_task = tokio::spawn(server::serve(
+        data,
+        move |req, peer| {
+            let g = g.clone();
+            async move { g.handle(req, peer).await }
+        },
+        header_timeout,
+        stop_rx.clone(),
+        drain,
+    ));
+    let g = gw.clone();
+    let admin_task = tokio::spawn(server::serve(
+        admin,
+        move |req, peer| admin::handle(g.clone(), req, peer),
+        header_timeout,
+        stop_rx,
+        Duration::from_secs(1),
+    ));
+
+    shutdown_signal().await;
+    tracing::info!(
+        ?drain,
+        "shutting down: no new connections, draining in-flight requests"
+    );
+    let _ = stop_tx.send(true);
+    let _ = tokio::join!(data_task, admin_task);
+    tracing::info!("bye");
+    0
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,688 @@
+//! Validate a parsed [`File`] and compile it into a runtime [`Table`], collecting every error.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::uri::Authority;
+use http::{HeaderName, HeaderValue, Method};
+use ipnet::IpNet;
+use regex::Regex;
+
+use super::file::{self, File, RedisMode, StoreKind};
+use super::position::Positions;
+use super::{units, ConfigError, ConfigErrors};
+use crate::algo::{Algorithm, Params, ParamsError};
+use crate::forward::Upstream;
+use crate::headers::ratelimit::policy_value;
+use crate::identify::{ClientIpRules, IdentitySources, JwtSource};
+use crate::limit::{Cost, KeyPart, LimitRule};
+use crate::route::{HostMatch, Matcher, PathMatch, Route};
+use crate::table::{RedisSettings, StoreSettings, Table};
+
+/// Environment variable holding the admin bearer token.
+pub const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
+
+struct Ctx<'a> {
+    name: &'a str,
+    pos: &'a Positions,
+    errors: Vec<ConfigError>,
+}
+
+impl Ctx<'_> {
+    fn err(&mut self, path: &str, message: impl Into<String>) {
+        let p = self.pos.of(path);
+        self.errors.push(ConfigError {
+            file: self.name.to_string(),
+            line: p.line,
+            col: p.col,
+            message: message.into(),
+        });
+    }
+
+    fn duration(&mut self, path: &str, s: &str) -> Duration {
+        match units::duration(s) {
+            Ok(d) if d.is_zero() => {
+                self.err(path, format!("`{path}` must be greater than 0"));
+                Duration::from_secs(1)
+            }
+            Ok(d) => d,
+            Err(e) => {
+                self.err(path, e);
+                Duration::from_secs(1)
+            }
+        }
+    }
+
+    fn header_name(&mut self, path: &str, s: &str) -> Option<HeaderName> {
+        match HeaderName::from_bytes(s.as_bytes()) {
+            Ok(h) => Some(h),
+            Err(_) => {
+                self.err(path, format!("invalid header name `{s}`"));
+                None
+            }
+        }
+    }
+
+    fn env(&mut self, path: &str, var: &str) -> Option<String> {
+        match std::env::var(var) {
+            Ok(v) if !v.is_empty() => Some(v),
+            _ => {
+                self.err(path, format!("environment variable `{var}` is not set"));
+                None
+            }
+        }
+    }
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+}
+
+pub fn compile(
+    name: &str,
+    file: File,
+    pos: &Positions,
+    version: String,
+) -> Result<Table, ConfigErrors> {
+    let mut c = Ctx {
+        name,
+        pos,
+        errors: Vec::new(),
+    };
+
+    let listen = file.listen.parse::<SocketAddr>().unwrap_or_else(|_| {
+        c.err(
+            "listen",
+            format!(
+                "invalid listen address `{}` (expected IP:PORT)",
+                file.listen
+            ),
+        );
+        SocketAddr::from(([0, 0, 0, 0], 8080))
+    });
+    let admin_listen = file.admin_listen.parse::<SocketAddr>().unwrap_or_else(|_| {
+        c.err(
+            "admin_listen",
+            format!(
+                "invalid admin_listen address `{}` (expected IP:PORT)",
+                file.admin_listen
+            ),
+        );
+        SocketAddr::from(([127, 0, 0, 1], 9090))
+    });
+    if !admin_listen.ip().is_loopback()
+        && std::env::var(ADMIN_TOKEN_ENV).map_or(true, |t| t.is_empty())
+    {
+        c.err("admin_listen", format!("admin_listen `{admin_listen}` is not a loopback address: set {ADMIN_TOKEN_ENV} so /admin/* requires a bearer token"));
+    }
+    let drain_timeout = c.duration("drain_timeout", &file.drain_timeout);
+    let client_header_timeout = c.duration("client_header_timeout", &file.client_header_timeout);
+
+    let store = store_settings(&mut c, &file.store);
+    let client_ip = client_ip_rules(&mut c, &file.client_ip);
+    let identities = identity_sources(&mut c, &file.identities);
+
+    let mut upstreams: BTreeMap<String, Arc<Upstream>> = BTreeMap::new();
+    for (uname, u) in &file.upstreams {
+        let base = format!("upstreams.{uname}");
+        if u.targets.is_empty() {
+            c.err(
+                &format!("{base}.targets"),
+                format!("upstream `{uname}` has no targets"),
+            );
+        }
+        let targets: Vec<Authority> = u
+            .targets
+            .iter()
+            .enumerate()
+            .filter_map(|(i, t)| target(&mut c, &format!("{base}.targets[{i}]"), t))
+            .collect();
+        let connect = c.duration(&format!("{base}.connect_timeout"), &u.connect_timeout);
+        let timeout = c.duration(&format!("{base}.timeout"), &u.timeout);
+        upstreams.insert(
+            uname.clone(),
+            Arc::new(Upstream::new(uname, targets, connect, timeout)),
+        );
+    }
+
+    let mut routes = Vec::with_capacity(file.routes.len());
+    let mut seen = HashSet::new();
+    for (i, r) in file.routes.iter().enumerate() {
+        let base = format!("routes[{i}]");
+        if !valid_name(&r.name) {
+            c.err(
+                &format!("{base}.name"),
+                format!("route name `{}` must be non-empty [a-z0-9_-]", r.name),
+            );
+        } else if !seen.insert(r.name.clone()) {
+            c.err(
+                &format!("{base}.name"),
+                format!("duplicate route name `{}`", r.name),
+            );
+        }
+        let matcher = matcher(&mut c, &format!("{base}.match"), &r.matcher);
+        let upstream = upstreams.get(&r.upstream).cloned();
+        if upstream.is_none() {
+            c.err(
+                &format!("{base}.upstream"),
+                format!("unknown upstream `{}`", r.upstream),
+            );
+        }
+        if r.strip_prefix && r.matcher.path_regex.is_some() {
+            c.err(
+                &format!("{base}.strip_prefix"),
+                "strip_prefix needs `path` or `path_prefix`, not `path_regex`",
+            );
+        }
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(r.limits.len());
+        for (j, l) in r.limits.iter().enumerate() {
+            let lbase = format!("{base}.limits[{j}]");
+            if !valid_name(&l.name) {
+                c.err(
+                    &format!("{lbase}.name"),
+                    format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
+                );
+            } else if !names.insert(l.name.clone()) {
+                c.err(
+                    &format!("{lbase}.name"),
+                    format!("duplicate limit name `{}` in route `{}`", l.name, r.name),
+                );
+            }
+            if let Some(rule) = limit_rule(&mut c, &lbase, &r.name, l, &store.redis.key_prefix) {
+                limits.push(rule);
+            }
+        }
+        if let (Some(matcher), Some(upstream)) = (matcher, upstream) {
+            routes.push(Route {
+                name: r.name.as_str().into(),
+                matcher,
+                upstream,
+                strip_prefix: r.strip_prefix,
+                on_store_error: r.on_store_error.unwrap_or(file.store.on_error),
+                limits,
+            });
+        }
+    }
+
+    if !c.errors.is_empty() {
+        c.errors.sort_by_key(|e| (e.line, e.col));
+        return Err(ConfigErrors(c.errors));
+    }
+    let workers = if file.workers == 0 {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    } else {
+        file.workers
+    };
+    Ok(Table {
+        version,
+        loaded_at: SystemTime::now(),
+        headers: file.responses.headers,
+        file,
+        listen,
+        admin_listen,
+        workers,
+        drain_timeout,
+        client_header_timeout,
+        store,
+        client_ip,
+        identities,
+        routes,
+    })
+}
+
+fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
+    if s.memory.max_keys == 0 {
+        c.err("store.memory.max_keys", "max_keys must be at least 1");
+    }
+    let r = &s.redis;
+    let timeout = c.duration("store.redis.timeout", &r.timeout);
+    if !(1..=256).contains(&r.pool_size) {
+        c.err("store.redis.pool_size", "pool_size must be from 1 to 256");
+    }
+    let password = r.password_env.as_deref().and_then(|v| {
+        if s.kind == StoreKind::Redis {
+            c.env("store.redis.password_env", v)
+        } else {
+            None
+        }
+    });
+    if let Some(url) = &r.url {
+        if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+            c.err(
+                "store.redis.url",
+                format!(
+                    "redis url must start with redis:// or rediss:// (got `{}`)",
+                    redact_url(url)
+                ),
+            );
+        }
+    }
+    for (i, n) in r.nodes.iter().enumerate() {
+        let ok = n
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        if !ok {
+            c.err(
+                &format!("store.redis.nodes[{i}]"),
+                format!("node `{n}` must be host:port"),
+            );
+        }
+    }
+    if s.kind == StoreKind::Redis {
+        match r.mode {
+            RedisMode::Standalone if r.url.is_none() => c.err(
+                "store.redis",
+                "store.kind redis in standalone mode needs `url`",
+            ),
+            RedisMode::Cluster if r.url.is_none() && r.nodes.is_empty() => c.err(
+                "store.redis",
+                "cluster mode needs seed `nodes` (or a `url`)",
+            ),
+            RedisMode::Sentinel if r.nodes.is_empty() => c.err(
+                "store.redis",
+                "sentinel mode needs the sentinels in `nodes`",
+            ),
+            RedisMode::Sentinel if r.sentinel_service.is_none() => {
+                c.err("store.redis", "sentinel mode needs `sentinel_service`")
+            }
+            _ => {}
+        }
+    }
+    StoreSettings {
+        kind: s.kind,
+        on_error: s.on_error,
+        memory_max_keys: s.memory.max_keys,
+        redis: RedisSettings {
+            url: r.url.clone(),
+            mode: r.mode,
+            nodes: r.nodes.clone(),
+            sentinel_service: r.sentinel_service.clone(),
+            password,
+            pool_size: r.pool_size,
+            timeout,
+            key_prefix: r.key_prefix.clone(),
+        },
+    }
+}
+
+/// `redis://user:secret@host` → `redis://user:***@host`.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or("", |(u, _)| u);
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_string(),
+    }
+}
+
+fn client_ip_rules(c: &mut Ctx<'_>, s: &file::ClientIp) -> ClientIpRules {
+    let mut trusted = Vec::new();
+    for (i, t) in s.trusted_proxies.iter().enumerate() {
+        match t
+            .parse::<IpNet>()
+            .or_else(|_| t.parse::<IpAddr>().map(IpNet::from))
+        {
+            Ok(n) => trusted.push(n),
+            Err(_) => c.err(
+                &format!("client_ip.trusted_proxies[{i}]"),
+                format!("invalid CIDR `{t}`"),
+            ),
+        }
+    }
+    if s.ipv6_prefix > 128 {
+        c.err("client_ip.ipv6_prefix", "ipv6_prefix must be from 0 to 128");
+    }
+    ClientIpRules {
+        trusted,
+        ipv6_prefix: s.ipv6_prefix.min(128),
+    }
+}
+
+fn identity_sources(c: &mut Ctx<'_>, s: &file::Identities) -> IdentitySources {
+    let api_key_header = s
+        .api_key
+        .header
+        .as_deref()
+        .and_then(|h| c.header_name("identities.api_key.header", h));
+    let user_header = s
+        .user
+        .header
+        .as_deref()
+        .and_then(|h| c.header_name("identities.user.header", h));
+    let jwt = s.user.jwt.as_ref().and_then(|j| {
+        let header = c.header_name("identities.user.jwt.header", &j.header)?;
+        let secret = c.env("identities.user.jwt.secret_env", &j.secret_env)?;
+        Some(JwtSource {
+            header,
+            secret: secret.into_bytes(),
+            claim: j.claim.clone(),
+        })
+    });
+    IdentitySources {
+        api_key_header,
+        api_key_query: s.api_key.query.clone(),
+        user_header,
+        jwt,
+    }
+}
+
+fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<Authority> {
+    let Some(rest) = t.strip_prefix("http://") else {
+        c.err(
+            path,
+            format!("target `{t}` must be http://HOST:PORT (TLS to upstreams is not supported)"),
+        );
+        return None;
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    match rest.parse::<Authority>() {
+        Ok(a) if !rest.contains('/') && !rest.contains('@') => {
+            if a.port().is_some() {
+                Some(a)
+            } else {
+                format!("{rest}:80").parse().ok()
+            }
+        }
+        _ => {
+            c.err(
+                path,
+                format!("target `{t}` must be http://HOST:PORT with no path"),
+            );
+            None
+        }
+    }
+}
+
+fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match) -> Option<Matcher> {
+    let path = match (&m.path, &m.path_prefix, &m.path_regex) {
+        (Some(p), None, None) => Some(PathMatch::Exact(p.clone())),
+        (None, Some(p), None) => Some(PathMatch::Prefix(p.clone())),
+        (None, None, Some(r)) => match Regex::new(&format!("^(?:{r})$")) {
+            Ok(re) => Some(PathMatch::Regex(re)),
+            Err(e) => {
+                c.err(
+                    &format!("{base}.path_regex"),
+                    format!(
+                        "invalid regex: {}",
+                        e.to_string().lines().last().unwrap_or("")
+                    ),
+                );
+                None
+            }
+        },
+        _ => {
+            c.err(
+                base,
+                "match needs exactly one of `path`, `path_prefix`, `path_regex`",
+            );
+            None
+        }
+    };
+    for (key, v) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
+        if v.as_deref().is_some_and(|p| !p.starts_with('/')) {
+            c.err(
+                &format!("{base}.{key}"),
+                format!("`{key}` must start with `/`"),
+            );
+        }
+    }
+    let methods = m.methods.as_ref().map(|ms| {
+        ms.iter()
+            .enumerate()
+            .filter_map(
+                |(i, s)| match Method::from_bytes(s.to_ascii_uppercase().as_bytes()) {
+                    Ok(m) => Some(m),
+                    Err(_) => {
+                        c.err(
+                            &format!("{base}.methods[{i}]"),
+                            format!("invalid method `{s}`"),
+                        );
+                        None
+                    }
+                },
+            )
+            .collect()
+    });
+    let host = m.host.as_ref().and_then(|h| {
+        let h = h.to_ascii_lowercase();
+        let (exact, rest) = match h.strip_prefix("*.") {
+            Some(rest) => (false, rest.to_string()),
+            None => (true, h.clone()),
+        };
+        if rest.is_empty() || rest.contains(['*', '/', ':', ' ']) {
+            c.err(
+                &format!("{base}.host"),
+                format!("invalid host `{h}` (exact name or `*.example.com`)"),
+            );
+            return None;
+        }
+        Some(if exact {
+            HostMatch::Exact(rest)
+        } else {
+            HostMatch::Wildcard(format!(".{rest}"))
+        })
+    });
+    let mut headers = Vec::new();
+    for (k, v) in &m.headers {
+        let p = format!("{base}.headers.{k}");
+        if let (Some(n), Ok(v)) = (c.header_name(&p, k), HeaderValue::from_str(v)) {
+            headers.push((n, v));
+        } else if HeaderValue::from_str(v).is_err() {
+            c.err(&p, format!("invalid header value for `{k}`"));
+        }
+    }
+    Some(Matcher {
+        path: path?,
+        methods,
+        host,
+        headers,
+    })
+}
+
+fn key_parts(c: &mut Ctx<'_>, path: &str, by: &serde_yaml::Value) -> Option<Vec<KeyPart>> {
+    let one = |c: &mut Ctx<'_>, s: &str| -> Option<KeyPart> {
+        match s {
+            "ip" => Some(KeyPart::Ip),
+            "api_key" => Some(KeyPart::ApiKey),
+            "user" => Some(KeyPart::User),
+            "route" => Some(KeyPart::Route),
+            _ => match s.strip_prefix("header:") {
+                Some(h) => c.header_name(path, h).map(KeyPart::Header),
+                None => {
+                    c.err(path, format!("unknown key `{s}` in `by` (expected ip, api_key, user, header:NAME, route or a list)"));
+                    None
+                }
+            },
+        }
+    };
+    match by {
+        serde_yaml::Value::String(s) => one(c, s).map(|p| vec![p]),
+        serde_yaml::Value::Sequence(items) if !items.is_empty() => {
+            let mut parts = Vec::new();
+            for item in items {
+                let Some(s) = item.as_str() else {
+                    c.err(path, "`by` list items must be strings");
+                    return None;
+                };
+                let p = one(c, s)?;
+                if p == KeyPart::Route {
+                    c.err(
+                        path,
+                        "`route` cannot be part of a composite key (it is the whole route already)",
+                    );
+                    return None;
+                }
+                if parts.contains(&p) {
+                    c.err(path, format!("`{s}` appears twice in `by`"));
+                    return None;
+                }
+                parts.push(p);
+            }
+            Some(parts)
+        }
+        _ => {
+            c.err(
+                path,
+                "`by` must be ip, api_key, user, header:NAME, route, or a non-empty list of them",
+            );
+            None
+        }
+    }
+}
+
+fn limit_rule(
+    c: &mut Ctx<'_>,
+    base: &str,
+    route: &str,
+    l: &file::Limit,
+    prefix: &str,
+) -> Option<LimitRule> {
+    let by = key_parts(c, &format!("{base}.by"), &l.by);
+    let Some(algorithm) = Algorithm::from_name(&l.algorithm) else {
+        let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        c.err(
+            &format!("{base}.algorithm"),
+            format!(
+                "unknown algorithm `{}` (expected one of {})",
+                l.algorithm,
+                names.join(", ")
+            ),
+        );
+        return None;
+    };
+    let rate_path = format!("{base}.rate");
+    let burst_path = format!("{base}.burst");
+    let (n, window) = match units::rate(&l.rate) {
+        Ok(r) => r,
+        Err(e) => {
+            c.err(&rate_path, e);
+            return None;
+        }
+    };
+    if l.burst.is_some() && !algorithm.is_bucket() {
+        c.err(
+            &burst_path,
+            format!(
+                "`burst` applies to token_bucket, leaky_bucket and gcra, not {}",
+                algorithm.name()
+            ),
+        );
+        return None;
+    }
+    let params = match Params::new(algorithm, n, window.as_micros() as u64, l.burst) {
+        Ok(p) => p,
+        Err(e) => {
+            let at = match e {
+                ParamsError::ZeroBurst | ParamsError::Overflow(_) if l.burst.is_some() => {
+                    &burst_path
+                }
+                _ => &rate_path,
+            };
+            c.err(at, format!("{e} (rate `{}`)", l.rate));
+            return None;
+        }
+    };
+    let cost = cost(c, &format!("{base}.cost"), l.cost.as_ref(), params.capacity)?;
+    let by = by?;
+    Some(LimitRule {
+        name: l.name.as_str().into(),
+        by,
+        params,
+        cost,
+        shadow: l.shadow,
+        on_missing: l.on_missing,
+        key_base: format!("{prefix}{route}:{}:{}:", l.name, algorithm.name()),
+        policy: policy_value(route, &l.name, &params),
+    })
+}
+
+fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u64) -> Option<Cost> {
+    let Some(v) = v else {
+        return Some(Cost::Static(1));
+    };
+    if let Some(n) = v.as_u64() {
+        if n == 0 || n > capacity {
+            c.err(
+                path,
+                format!("cost {n} must be from 1 to the limit's capacity {capacity}"),
+            );
+            return None;
+        }
+        return Some(Cost::Static(n));
+    }
+    let Some(map) = v.as_mapping() else {
+        c.err(
+            path,
+            "cost must be a positive integer or { header, default, max }",
+        );
+        return None;
+    };
+    let mut header = None;
+    let mut default = 1;
+    let mut max = None;
+    for (k, val) in map {
+        match (k.as_str(), val) {
+            (Some("header"), serde_yaml::Value::String(h)) => {
+                header = c.header_name(&format!("{path}.header"), h)
+            }
+            (Some("default"), v) if v.as_u64().is_some() => default = v.as_u64().unwrap_or(1),
+            (Some("max"), v) if v.as_u64().is_some() => max = v.as_u64(),
+            (Some(k @ ("header" | "default" | "max")), _) => {
+                c.err(
+                    &format!("{path}.{k}"),
+                    format!("invalid value for cost `{k}`"),
+                );
+                return None;
+            }
+            (k, _) => {
+                c.err(
+                    path,
+                    format!(
+                        "unknown key `{}` in cost (expected header, default, max)",
+                        k.unwrap_or("?")
+                    ),
+                );
+                return None;
+            }
+        }
+    }
+    let Some(header) = header else {
+        c.err(path, "a header cost needs `header`");
+        return None;
+    };
+    let Some(max) = max else {
+        c.err(
+            path,
+            "a header cost needs `max` (the largest cost a client may ask for)",
+        );
+        return None;
+    };
+    if max == 0 || max > capacity {
+        c.err(
+            &format!("{path}.max"),
+            format!("cost max {max} must be from 1 to the limit's capacity {capacity}"),
+        );
+        return None;
+    }
+    if default == 0 || default > max {
+        c.err(
+            &format!("{path}.default"),
+            format!("cost default {default} must be from 1 to max {max}"),
+        );
+        return None;
+    }
+    Some(Cost::Header {
+        name: header,
+        default,
+        max,
+    })
+}

@@ -1,0 +1,333 @@
+//! The YAML file as written by operators: plain serde structs, `deny_unknown_fields`
+//! everywhere so typos are errors. Values that need checking (durations, rates, CIDRs,
+//! regexes, polymorphic `by` and `cost`) stay raw here and are checked in `compile`, where
+//! their position in the file is known.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    #[serde(default = "d_listen")]
+    pub listen: String,
+    #[serde(default = "d_admin_listen")]
+    pub admin_listen: String,
+    #[serde(default)]
+    pub workers: usize,
+    #[serde(default = "d_drain")]
+    pub drain_timeout: String,
+    #[serde(default = "d_header_timeout")]
+    pub client_header_timeout: String,
+    #[serde(default)]
+    pub store: Store,
+    #[serde(default)]
+    pub client_ip: ClientIp,
+    #[serde(default)]
+    pub identities: Identities,
+    #[serde(default)]
+    pub responses: Responses,
+    pub upstreams: BTreeMap<String, Upstream>,
+    pub routes: Vec<Route>,
+}
+
+fn d_listen() -> String {
+    "0.0.0.0:8080".into()
+}
+fn d_admin_listen() -> String {
+    "127.0.0.1:9090".into()
+}
+fn d_drain() -> String {
+    "30s".into()
+}
+fn d_header_timeout() -> String {
+    "10s".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    #[default]
+    Memory,
+    Redis,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    #[default]
+    Allow,
+    Deny,
+    Local,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Store {
+    #[serde(default)]
+    pub kind: StoreKind,
+    #[serde(default)]
+    pub redis: Redis,
+    #[serde(default)]
+    pub memory: Memory,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+/// Sluice extension (not in the spec's example): the embedded store's key cap.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Memory {
+    #[serde(default = "d_max_keys")]
+    pub max_keys: usize,
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory {
+            max_keys: d_max_keys(),
+        }
+    }
+}
+
+fn d_max_keys() -> usize {
+    1_000_000
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RedisMode {
+    #[default]
+    Standalone,
+    Cluster,
+    Sentinel,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redis {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub mode: RedisMode,
+    #[serde(default)]
+    pub nodes: Vec<String>,
+    #[serde(default)]
+    pub sentinel_service: Option<String>,
+    #[serde(default)]
+    pub password_env: Option<String>,
+    #[serde(default = "d_pool")]
+    pub pool_size: usize,
+    #[serde(default = "d_redis_timeout")]
+    pub timeout: String,
+    #[serde(default = "d_prefix")]
+    pub key_prefix: String,
+}
+
+impl Default for Redis {
+    fn default() -> Self {
+        Redis {
+            url: None,
+            mode: RedisMode::default(),
+            nodes: vec![],
+            sentinel_service: None,
+            password_env: None,
+            pool_size: d_pool(),
+            timeout: d_redis_timeout(),
+            key_prefix: d_prefix(),
+        }
+    }
+}
+
+fn d_pool() -> usize {
+    4
+}
+fn d_redis_timeout() -> String {
+    "50ms".into()
+}
+fn d_prefix() -> String {
+    "sluice:".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientIp {
+    #[serde(default)]
+    pub trusted_proxies: Vec<String>,
+    #[serde(default = "d_v6")]
+    pub ipv6_prefix: u8,
+}
+
+impl Default for ClientIp {
+    fn default() -> Self {
+        ClientIp {
+            trusted_proxies: vec![],
+            ipv6_prefix: d_v6(),
+        }
+    }
+}
+
+fn d_v6() -> u8 {
+    64
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Identities {
+    #[serde(default = "d_api_key")]
+    pub api_key: ApiKeySource,
+    #[serde(default = "d_user")]
+    pub user: UserSource,
+}
+
+impl Default for Identities {
+    fn default() -> Self {
+        Identities {
+            api_key: d_api_key(),
+            user: d_user(),
+        }
+    }
+}
+
+fn d_api_key() -> ApiKeySource {
+    ApiKeySource {
+        header: Some("X-Api-Key".into()),
+        query: Some("api_key".into()),
+    }
+}
+fn d_user() -> UserSource {
+    UserSource {
+        header: Some("X-User-Id".into()),
+        jwt: None,
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeySource {
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub query: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserSource {
+    #[serde(default)]
+    pub header: Option<String>,
+    #[serde(default)]
+    pub jwt: Option<Jwt>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Jwt {
+    #[serde(default = "d_authz")]
+    pub header: String,
+    pub secret_env: String,
+    #[serde(default = "d_sub")]
+    pub claim: String,
+}
+
+fn d_authz() -> String {
+    "Authorization".into()
+}
+fn d_sub() -> String {
+    "sub".into()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HeadersMode {
+    #[default]
+    Draft,
+    Legacy,
+    Both,
+    None,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Responses {
+    #[serde(default)]
+    pub headers: HeadersMode,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Upstream {
+    pub targets: Vec<String>,
+    #[serde(default = "d_connect")]
+    pub connect_timeout: String,
+    #[serde(default = "d_up_timeout")]
+    pub timeout: String,
+}
+
+fn d_connect() -> String {
+    "2s".into()
+}
+fn d_up_timeout() -> String {
+    "30s".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    pub name: String,
+    #[serde(rename = "match")]
+    pub matcher: Match,
+    pub upstream: String,
+    #[serde(default)]
+    pub strip_prefix: bool,
+    #[serde(default)]
+    pub on_store_error: Option<OnError>,
+    #[serde(default)]
+    pub limits: Vec<Limit>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Match {
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub path_prefix: Option<String>,
+    #[serde(default)]
+    pub path_regex: Option<String>,
+    #[serde(default)]
+    pub methods: Option<Vec<String>>,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnMissing {
+    #[default]
+    Ip,
+    Skip,
+    Reject,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limit {
+    pub name: String,
+    /// `ip | api_key | user | header:NAME | route`, or a list of them (composite key).
+    pub by: serde_yaml::Value,
+    pub algorithm: String,
+    pub rate: String,
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// A number, or `{ header, default, max }`.
+    #[serde(default)]
+    pub cost: Option<serde_yaml::Value>,
+    #[serde(default)]
+    pub shadow: bool,
+    #[serde(default)]
+    pub on_missing: OnMissing,
+}

@@ -1,0 +1,90 @@
+//! Configuration: read the YAML file, validate it completely, and compile it into the
+//! immutable runtime [`Table`](crate::table::Table). Every error carries `FILE:LINE:COL`.
+
+pub mod compile;
+pub mod file;
+pub mod position;
+pub mod units;
+
+use std::fmt;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use crate::table::Table;
+
+/// One problem in a config file, printed as `FILE:LINE:COL: message`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.col, self.message
+        )
+    }
+}
+
+/// All problems found in one file (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The version of a config: a short hash of the file's exact content.
+pub fn version_of(text: &str) -> String {
+    let d = Sha256::digest(text.as_bytes());
+    d[..6].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Read, parse, validate and compile `path` (named in errors exactly as given).
+pub fn load(path: &Path) -> Result<Table, ConfigErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: name.clone(),
+            line: 1,
+            col: 1,
+            message: format!("cannot read config: {e}"),
+        }])
+    })?;
+    load_str(&name, &text)
+}
+
+/// Parse, validate and compile config text; `name` is used in error positions.
+pub fn load_str(name: &str, text: &str) -> Result<Table, ConfigErrors> {
+    let file: file::File = serde_yaml::from_str(text).map_err(|e| {
+        let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+        // serde_yaml appends " at line L column C"; the position goes in front instead.
+        let msg = e.to_string();
+        let msg = match msg.rfind(" at line ") {
+            Some(i) => msg[..i].to_string(),
+            None => msg,
+        };
+        ConfigErrors(vec![ConfigError {
+            file: name.to_string(),
+            line,
+            col,
+            message: msg,
+        }])
+    })?;
+    let positions = position::Positions::index(text);
+    compile::compile(name, file, &positions, version_of(text))
+}

@@ -1,0 +1,213 @@
+//! Stage 4 — forward to an upstream: pooled keep-alive connections (one hyper-util client per
+//! upstream), round-robin over targets skipping those that refuse, bodies streamed both ways.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
+
+/// How long a target that refused a connection is skipped before being tried again.
+const REFUSED_BACKOFF: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ForwardError {
+    /// Refused, reset, or closed without an answer: 502.
+    #[error("upstream unreachable: {0}")]
+    Unreachable(String),
+    /// Connect or response-head timeout: 504.
+    #[error("upstream timed out: {0}")]
+    Timeout(String),
+}
+
+struct Target {
+    authority: Authority,
+    /// Milliseconds since process start until which this target is skipped.
+    down_until_ms: AtomicU64,
+}
+
+pub struct Upstream {
+    pub name: Arc<str>,
+    targets: Vec<Target>,
+    next: AtomicUsize,
+    client: Client<HttpConnector, ReplayBody>,
+    timeout: Duration,
+}
+
+/// What to send upstream, minus the body.
+pub struct Outgoing {
+    pub method: Method,
+    pub path_and_query: String,
+    pub headers: HeaderMap,
+}
+
+fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+impl Upstream {
+    /// `targets` are `host:port` authorities (validated by config).
+    pub fn new(
+        name: &str,
+        targets: Vec<Authority>,
+        connect_timeout: Duration,
+        timeout: Duration,
+    ) -> Upstream {
+        let mut conn = HttpConnector::new();
+        conn.set_connect_timeout(Some(connect_timeout));
+        conn.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(usize::MAX)
+            .build(conn);
+        Upstream {
+            name: name.into(),
+            targets: targets
+                .into_iter()
+                .map(|authority| Target {
+                    authority,
+                    down_until_ms: AtomicU64::new(0),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            client,
+            timeout,
+        }
+    }
+
+    /// Send the request; on a refused connection try the next target with the same,
+    /// still unread, body. Returns the upstream's response head; its body streams on.
+    pub async fn send(
+        &self,
+        out: Outgoing,
+        body: Incoming,
+    ) -> Result<(Response<Incoming>, String), ForwardError> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let slot = Arc::new(Mutex::new(Some(body)));
+        let n = self.targets.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let now = now_ms();
+        // Prefer targets not recently refused; if all are, try them all anyway.
+        let order = (0..n)
+            .map(|i| (first + i) % n)
+            .filter(|&i| self.targets[i].down_until_ms.load(Ordering::Relaxed) <= now)
+            .chain((0..n).map(|i| (first + i) % n))
+            .take(n);
+        let mut last = None;
+        for i in order {
+            let target = &self.targets[i];
+            let uri = Uri::builder()
+                .scheme(Scheme::HTTP)
+                .authority(target.authority.clone())
+                .path_and_query(out.path_and_query.as_str())
+                .build()
+                .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
+            let mut req = Request::new(ReplayBody {
+                slot: slot.clone(),
+                inner: None,
+            });
+            *req.method_mut() = out.method.clone();
+            *req.uri_mut() = uri;
+            *req.version_mut() = Version::HTTP_11;
+            *req.headers_mut() = out.headers.clone();
+            match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+                Err(_) => {
+                    return Err(ForwardError::Timeout(format!(
+                        "no response head within {:?}",
+                        self.timeout
+                    )))
+                }
+                Ok(Ok(res)) => return Ok((res, target.authority.to_string())),
+                Ok(Err(e)) => {
+                    let err = classify(&e);
+                    let retry = e.is_connect()
+                        && matches!(err, ForwardError::Unreachable(_))
+                        && slot.lock().is_some();
+                    if !retry {
+                        return Err(err);
+                    }
+                    target.down_until_ms.store(
+                        now_ms() + REFUSED_BACKOFF.as_millis() as u64,
+                        Ordering::Relaxed,
+                    );
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| ForwardError::Unreachable("no targets".into())))
+    }
+}
+
+fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
+    let mut msg = e.to_string();
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut timed_out = false;
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+        }
+        src = s.source();
+    }
+    if timed_out {
+        ForwardError::Timeout(msg)
+    } else {
+        ForwardError::Unreachable(msg)
+    }
+}
+
+/// The client's request body, shared so that a connection refused before the body was read
+/// leaves it available for the next target. The first poll takes it out of the slot.
+pub struct ReplayBody {
+    slot: Arc<Mutex<Option<Incoming>>>,
+    inner: Option<Incoming>,
+}
+
+impl HttpBody for ReplayBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if this.inner.is_none() {
+            this.inner = this.slot.lock().take();
+        }
+        match this.inner.as_mut() {
+            Some(b) => Pin::new(b).poll_frame(cx),
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            Some(b) => b.is_end_stream(),
+            None => self.slot.lock().as_ref().is_none_or(|b| b.is_end_stream()),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            Some(b) => b.size_hint(),
+            None => self
+                .slot
+                .lock()
+                .as_ref()
+                .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()),
+        }
+    }
+}

@@ -1,0 +1,97 @@
+//! `X-Forwarded-For`, `-Proto` and `-Host` on the way upstream (the de-facto fields nginx,
+//! Envoy and HAProxy send). The peer address is always appended to X-Forwarded-For; Proto
+//! and Host are set by us unless the peer is a trusted proxy that already sent them.
+
+use std::net::IpAddr;
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+
+pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
+pub const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
+
+/// `host` is the request's authority (Host header, or `:authority` for HTTP/2).
+pub fn apply(
+    headers: &mut HeaderMap,
+    peer: IpAddr,
+    peer_trusted: bool,
+    host: Option<&HeaderValue>,
+) {
+    let peer = peer.to_canonical().to_string();
+    let mut joined: Vec<u8> = Vec::new();
+    for v in headers.get_all(&XFF) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b", ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    if !joined.is_empty() {
+        joined.extend_from_slice(b", ");
+    }
+    joined.extend_from_slice(peer.as_bytes());
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(XFF, v);
+    }
+    if !(peer_trusted && headers.contains_key(&XFP)) {
+        headers.insert(XFP, HeaderValue::from_static("http"));
+    }
+    if !(peer_trusted && headers.contains_key(&XFH)) {
+        match host.or_else(|| headers.get(HOST)).cloned() {
+            Some(h) => headers.insert(XFH, h),
+            None => headers.remove(XFH),
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appends_peer_and_sets_proto_host() {
+        let mut h = HeaderMap::new();
+        h.insert(HOST, HeaderValue::from_static("api.example.com"));
+        h.append(XFF, HeaderValue::from_static("1.1.1.1"));
+        h.append(XFF, HeaderValue::from_static("2.2.2.2"));
+        h.insert(XFP, HeaderValue::from_static("https"));
+        h.insert(XFH, HeaderValue::from_static("spoofed"));
+        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None);
+        assert_eq!(h.get(XFF).unwrap(), "1.1.1.1, 2.2.2.2, 9.9.9.9");
+        assert_eq!(h.get_all(XFF).iter().count(), 1);
+        assert_eq!(
+            h.get(XFP).unwrap(),
+            "http",
+            "untrusted peer cannot claim https"
+        );
+        assert_eq!(h.get(XFH).unwrap(), "api.example.com");
+    }
+
+    #[test]
+    fn trusted_peer_keeps_proto_and_host() {
+        let mut h = HeaderMap::new();
+        h.insert(XFP, HeaderValue::from_static("https"));
+        h.insert(XFH, HeaderValue::from_static("public.example.com"));
+        apply(
+            &mut h,
+            "::ffff:127.0.0.1".parse().unwrap(),
+            true,
+            Some(&HeaderValue::from_static("internal")),
+        );
+        assert_eq!(h.get(XFF).unwrap(), "127.0.0.1");
+        assert_eq!(h.get(XFP).unwrap(), "https");
+        assert_eq!(h.get(XFH).unwrap(), "public.example.com");
+    }
+
+    #[test]
+    fn authority_used_when_no_host_header() {
+        let mut h = HeaderMap::new();
+        apply(
+            &mut h,
+            "::1".parse().unwrap(),
+            false,
+            Some(&HeaderValue::from_static("h2.example.com")),
+        );
+        assert_eq!(h.get(XFF).unwrap(), "::1");
+        assert_eq!(h.get(XFH).unwrap(), "h2.example.com");
+    }
+}

@@ -1,0 +1,143 @@
+//! Hop-by-hop fields (RFC 9110 §7.6.1): meaningful for one connection only, so a proxy
+//! removes them in both directions — `Connection` and every field it names, plus the
+//! well-known ones below. `Upgrade` (and `Connection: upgrade`) survive only for an upgrade
+//! pass-through, where the handshake itself must reach the other side.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+const ALWAYS: [HeaderName; 7] = [
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+];
+
+/// Is this an HTTP/1.1 upgrade request/response (`Connection: upgrade` + `Upgrade`)?
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && connection_names(headers).any(|n| n.eq_ignore_ascii_case("upgrade"))
+}
+
+fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+}
+
+/// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
+pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
+    let named: Vec<HeaderName> = connection_names(headers)
+        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+        .collect();
+    for n in named {
+        if !(keep_upgrade && n == header::UPGRADE) {
+            headers.remove(n);
+        }
+    }
+    headers.remove(header::CONNECTION);
+    for n in &ALWAYS {
+        headers.remove(n);
+    }
+    if keep_upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn removes_the_fixed_list() {
+        // RFC 9110 §7.6.1 and the de-facto Keep-Alive / Proxy-Connection.
+        let mut h = map(&[
+            ("keep-alive", "timeout=5"),
+            ("proxy-connection", "keep-alive"),
+            ("proxy-authenticate", "Basic"),
+            ("proxy-authorization", "Basic xyz"),
+            ("te", "trailers"),
+            ("trailer", "x-checksum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("content-type", "text/plain"),
+            ("authorization", "Bearer t"),
+        ]);
+        strip(&mut h, false);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["content-type", "authorization"]);
+    }
+
+    #[test]
+    fn removes_fields_named_by_connection() {
+        // RFC 9110 §7.6.1: "a proxy ... MUST remove ... any header fields listed in Connection".
+        let mut h = map(&[
+            ("connection", "close, X-Secret , x-other"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("x-kept", "3"),
+        ]);
+        strip(&mut h, false);
+        assert!(h.get("connection").is_none());
+        assert!(h.get("x-secret").is_none());
+        assert!(h.get("x-other").is_none());
+        assert_eq!(h.get("x-kept").unwrap(), "3");
+    }
+
+    #[test]
+    fn several_connection_lines() {
+        let mut h = map(&[
+            ("connection", "x-a"),
+            ("connection", "x-b"),
+            ("x-a", "1"),
+            ("x-b", "2"),
+        ]);
+        strip(&mut h, false);
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn upgrade_pass_through_keeps_the_handshake() {
+        let mut h = map(&[
+            ("connection", "keep-alive, Upgrade"),
+            ("upgrade", "websocket"),
+            ("keep-alive", "1"),
+            ("sec-websocket-key", "k"),
+        ]);
+        assert!(is_upgrade(&h));
+        strip(&mut h, true);
+        assert_eq!(h.get("upgrade").unwrap(), "websocket");
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
+        assert!(h.get("keep-alive").is_none());
+        assert_eq!(h.get("sec-websocket-key").unwrap(), "k");
+    }
+
+    #[test]
+    fn upgrade_needs_both_fields() {
+        assert!(!is_upgrade(&map(&[("upgrade", "websocket")])));
+        assert!(!is_upgrade(&map(&[("connection", "upgrade")])));
+        assert!(is_upgrade(&map(&[
+            ("connection", "UPGRADE"),
+            ("upgrade", "h2c")
+        ])));
+    }
+}

@@ -1,0 +1,6 @@
+//! Small, separately tested header rules (in the style of rust-rpxy's header modules).
+
+pub mod forwarded;
+pub mod hop_by_hop;
+pub mod ratelimit;
+pub mod request_id;

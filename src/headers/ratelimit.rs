@@ -1,0 +1,134 @@
+//! Rate-limit fields on responses: the IETF draft-ietf-httpapi-ratelimit-headers-10
+//! `RateLimit-Policy` / `RateLimit` structured fields, the legacy `X-RateLimit-*` trio, and
+//! `Retry-After` (RFC 9110 §10.2.3, delay-seconds).
+
+use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+
+use crate::algo::{Decision, Params};
+use crate::config::file::HeadersMode;
+
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+pub const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+pub const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+pub const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// Whole seconds a client must wait: ceil(µs / 10^6), at least 1 (RFC 9110 delay-seconds
+/// cannot say "less than a second", and 0 would invite an immediate retry that fails).
+pub fn retry_after_secs(retry_after_us: u64) -> u64 {
+    retry_after_us.div_ceil(1_000_000).max(1)
+}
+
+/// The draft's policy item for one limit, computed once per config load:
+/// `"<route>/<limit>";q=<N>;w=<window seconds>` (+ `;sluice-burst=<C>` for buckets).
+/// A window that is not whole seconds is rounded up (`w` is an integer in the draft).
+pub fn policy_value(route: &str, limit: &str, p: &Params) -> HeaderValue {
+    let mut s = format!(
+        "\"{route}/{limit}\";q={};w={}",
+        p.limit,
+        p.window_us.div_ceil(1_000_000)
+    );
+    if p.algorithm.is_bucket() {
+        s.push_str(&format!(";sluice-burst={}", p.capacity));
+    }
+    HeaderValue::from_str(&s).expect("route and limit names are [a-z0-9_-]")
+}
+
+/// Add the fields for `d`, the most constraining limit, according to `mode`.
+pub fn apply(
+    headers: &mut HeaderMap,
+    mode: HeadersMode,
+    route: &str,
+    limit: &str,
+    policy: &HeaderValue,
+    d: &Decision,
+) {
+    let reset = d.reset_after_us.div_ceil(1_000_000);
+    if matches!(mode, HeadersMode::Draft | HeadersMode::Both) {
+        headers.insert(RATELIMIT_POLICY, policy.clone());
+        let v = format!("\"{route}/{limit}\";r={};t={reset}", d.remaining);
+        headers.insert(RATELIMIT, HeaderValue::from_str(&v).expect("ascii"));
+    }
+    if matches!(mode, HeadersMode::Legacy | HeadersMode::Both) {
+        headers.insert(X_LIMIT, HeaderValue::from(d.limit));
+        headers.insert(X_REMAINING, HeaderValue::from(d.remaining));
+        headers.insert(X_RESET, HeaderValue::from(reset));
+    }
+}
+
+pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
+    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::{Algorithm, Code};
+
+    fn d(remaining: u64, reset_us: u64) -> Decision {
+        Decision {
+            code: Code::Allowed,
+            limit: 5,
+            remaining,
+            retry_after_us: 0,
+            reset_after_us: reset_us,
+        }
+    }
+
+    #[test]
+    fn retry_after_is_ceiling_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(1_000_000), 1);
+        assert_eq!(retry_after_secs(1_000_001), 2);
+        assert_eq!(retry_after_secs(11_999_999), 12);
+    }
+
+    #[test]
+    fn draft_policy_and_ratelimit() {
+        let p = Params::new(Algorithm::SlidingLog, 5, 60_000_000, None).unwrap();
+        let pol = policy_value("login", "per-ip", &p);
+        assert_eq!(pol, "\"login/per-ip\";q=5;w=60");
+        let g = Params::new(Algorithm::Gcra, 100, 60_000_000, Some(20)).unwrap();
+        assert_eq!(
+            policy_value("api", "per-user", &g),
+            "\"api/per-user\";q=100;w=60;sluice-burst=20"
+        );
+        let w = Params::new(Algorithm::FixedWindow, 10, 1_500_000, None).unwrap();
+        assert_eq!(policy_value("a", "b", &w), "\"a/b\";q=10;w=2");
+
+        let mut h = HeaderMap::new();
+        apply(
+            &mut h,
+            HeadersMode::Draft,
+            "login",
+            "per-ip",
+            &pol,
+            &d(3, 12_000_001),
+        );
+        assert_eq!(h.get(RATELIMIT).unwrap(), "\"login/per-ip\";r=3;t=13");
+        assert_eq!(
+            h.get(RATELIMIT_POLICY).unwrap(),
+            "\"login/per-ip\";q=5;w=60"
+        );
+        assert!(h.get(X_LIMIT).is_none());
+    }
+
+    #[test]
+    fn legacy_both_none() {
+        let pol = HeaderValue::from_static("\"r/l\";q=5;w=60");
+        let mut h = HeaderMap::new();
+        apply(&mut h, HeadersMode::Legacy, "r", "l", &pol, &d(2, 500_000));
+        assert_eq!(h.get(X_LIMIT).unwrap(), "5");
+        assert_eq!(h.get(X_REMAINING).unwrap(), "2");
+        assert_eq!(h.get(X_RESET).unwrap(), "1");
+        assert!(h.get(RATELIMIT).is_none());
+        let mut h = HeaderMap::new();
+        apply(&mut h, HeadersMode::Both, "r", "l", &pol, &d(2, 0));
+        assert_eq!(h.get(RATELIMIT).unwrap(), "\"r/l\";r=2;t=0");
+        assert_eq!(h.get(X_RESET).unwrap(), "0");
+        let mut h = HeaderMap::new();
+        apply(&mut h, HeadersMode::None, "r", "l", &pol, &d(2, 0));
+        assert!(h.is_empty());
+    }
+}

@@ -1,0 +1,445 @@
+//! Stage 2 — identify the client: its IP (believing forwarding headers only from trusted
+//! proxies), API key, user, and any header a limit is keyed by.
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use http::{HeaderMap, HeaderName};
+use ipnet::IpNet;
+use sha2::Sha256;
+
+/// Who may tell us the client's address, and how IPv6 clients are grouped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIpRules {
+    pub trusted: Vec<IpNet>,
+    pub ipv6_prefix: u8,
+}
+
+impl ClientIpRules {
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        self.trusted.iter().any(|n| n.contains(&ip))
+    }
+
+    /// The client address: the peer, or — when the peer is a trusted proxy — the rightmost
+    /// address in `X-Forwarded-For` (else `Forwarded: for=`) that is not itself trusted.
+    /// A malformed entry stops the walk: the last believed hop is then taken as the client,
+    /// so a broken or hostile header can never mint new identities.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let mut hops: Vec<Option<IpAddr>> = Vec::new();
+        for v in headers.get_all("x-forwarded-for") {
+            let Ok(v) = v.to_str() else { return peer };
+            hops.extend(v.split(',').map(|h| parse_hop(h.trim())));
+        }
+        if hops.is_empty() {
+            for v in headers.get_all("forwarded") {
+                let Ok(v) = v.to_str() else { return peer };
+                hops.extend(forwarded_for(v));
+            }
+        }
+        let mut client = peer;
+        for hop in hops.into_iter().rev() {
+            match hop {
+                Some(ip) => {
+                    client = ip.to_canonical();
+                    if !self.is_trusted(client) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        client
+    }
+
+    /// The `by: ip` identity: IPv4 as is, IPv6 masked to `ipv6_prefix` (one customer often
+    /// holds a whole /64, so per-address limits would be trivially evaded).
+    pub fn group(&self, ip: IpAddr) -> String {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => {
+                let bits = u128::from(v6);
+                let p = u32::from(self.ipv6_prefix.min(128));
+                let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
+                format!("{}/{}", Ipv6Addr::from(bits & mask), p)
+            }
+        }
+    }
+}
+
+/// One X-Forwarded-For entry: an address, optionally with a port (`1.2.3.4:80`, `[::1]:80`).
+fn parse_hop(s: &str) -> Option<IpAddr> {
+    let s = s.trim_matches('"');
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(ip);
+    }
+    if let Ok(sa) = s.parse::<std::net::SocketAddr>() {
+        return Some(sa.ip());
+    }
+    s.strip_prefix('[')
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|r| r.parse().ok())
+}
+
+/// The `for=` values of a `Forwarded` header (RFC 7239 §4), in order; `unknown` and
+/// obfuscated identifiers are not addresses.
+fn forwarded_for(v: &str) -> impl Iterator<Item = Option<IpAddr>> + '_ {
+    v.split(',').filter_map(|elem| {
+        elem.split(';').find_map(|pair| {
+            let (k, val) = pair.trim().split_once('=')?;
+            k.trim()
+                .eq_ignore_ascii_case("for")
+                .then(|| parse_hop(val.trim()))
+        })
+    })
+}
+
+/// Where API keys and users are read from.
+#[derive(Debug, Clone)]
+pub struct IdentitySources {
+    pub api_key_header: Option<HeaderName>,
+    pub api_key_query: Option<String>,
+    pub user_header: Option<HeaderName>,
+    pub jwt: Option<JwtSource>,
+}
+
+/// `user: { jwt: ... }`: HS256 tokens, `exp` checked, the claim names the user.
+#[derive(Clone)]
+pub struct JwtSource {
+    pub header: HeaderName,
+    pub secret: Vec<u8>,
+    pub claim: String,
+}
+
+impl std::fmt::Debug for JwtSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JwtSource")
+            .field("header", &self.header)
+            .field("claim", &self.claim)
+            .finish_non_exhaustive()
+    }
+}
+
+impl IdentitySources {
+    /// API key from the header, then the query string; empty counts as missing.
+    pub fn api_key(&self, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+        if let Some(v) = self
+            .api_key_header
+            .as_ref()
+            .and_then(|h| header_value(headers, h))
+        {
+            return Some(v);
+        }
+        let name = self.api_key_query.as_deref()?;
+        query?.split('&').find_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == name)
+                .then(|| percent_decode(v))
+                .filter(|v| !v.is_empty())
+        })
+    }
+
+    /// User from the trusted header, or from a valid JWT; an invalid or expired token is missing.
+    pub fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
+        if let Some(jwt) = &self.jwt {
+            return jwt.user(headers, now_secs);
+        }
+        self.user_header
+            .as_ref()
+            .and_then(|h| header_value(headers, h))
+    }
+}
+
+pub fn header_value(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    let v = headers.get(name)?.to_str().ok()?.trim();
+    (!v.is_empty()).then(|| v.to_owned())
+}
+
+fn percent_decode(s: &str) -> String {
+    let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                match (
+                    b.get(i + 1).and_then(|&c| hex(c)),
+                    b.get(i + 2).and_then(|&c| hex(c)),
+                ) {
+                    (Some(h), Some(l)) => {
+                        out.push(h << 4 | l);
+                        i += 2;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+impl JwtSource {
+    fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
+        let raw = header_value(headers, &self.header)?;
+        let token = raw.strip_prefix("Bearer ").unwrap_or(&raw).trim();
+        let mut it = token.split('.');
+        let (h, p, sig) = (it.next()?, it.next()?, it.next()?);
+        if it.next().is_some() {
+            return None;
+        }
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let header: serde_json::Value = serde_json::from_slice(&b64.decode(h).ok()?).ok()?;
+        if header.get("alg")?.as_str()? != "HS256" {
+            return None;
+        }
+        let mut mac = Hmac::<Sha256>::new_from_slice(&self.secret).ok()?;
+        mac.update(h.as_bytes());
+        mac.update(b".");
+        mac.update(p.as_bytes());
+        mac.verify_slice(&b64.decode(sig).ok()?).ok()?;
+        let claims: serde_json::Value = serde_json::from_slice(&b64.decode(p).ok()?).ok()?;
+        if let Some(exp) = claims.get("exp") {
+            if exp.as_u64().is_none_or(|exp| exp <= now_secs) {
+                return None;
+            }
+        }
+        match claims.get(&self.claim)? {
+            serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+            serde_json::Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn rules(trusted: &[&str]) -> ClientIpRules {
+        ClientIpRules {
+            trusted: trusted.iter().map(|s| s.parse().unwrap()).collect(),
+            ipv6_prefix: 64,
+        }
+    }
+
+    fn h(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        m
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn untrusted_peer_is_the_client_whatever_it_claims() {
+        let r = rules(&["10.0.0.0/8"]);
+        let hdr = h(&[("x-forwarded-for", "1.1.1.1")]);
+        assert_eq!(r.client_ip(ip("8.8.8.8"), &hdr), ip("8.8.8.8"));
+    }
+
+    #[test]
+    fn trusted_peer_rightmost_untrusted_hop() {
+        let r = rules(&["10.0.0.0/8", "127.0.0.1/32"]);
+        // client spoofs 6.6.6.6; real client 1.2.3.4 reached proxy 10.0.0.2, then us.
+        let hdr = h(&[("x-forwarded-for", "6.6.6.6, 1.2.3.4, 10.0.0.2")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("1.2.3.4"));
+        // Several header lines are one list, in order.
+        let hdr = h(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("1.2.3.4"));
+        // All hops trusted: the leftmost is the client.
+        let hdr = h(&[("x-forwarded-for", "10.1.1.1, 10.0.0.2")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("10.1.1.1"));
+        // No header: the peer itself.
+        assert_eq!(
+            r.client_ip(ip("127.0.0.1"), &HeaderMap::new()),
+            ip("127.0.0.1")
+        );
+    }
+
+    #[test]
+    fn garbage_stops_the_walk_at_the_last_believed_hop() {
+        let r = rules(&["10.0.0.0/8", "127.0.0.1/32"]);
+        let hdr = h(&[("x-forwarded-for", "1.2.3.4, nonsense, 10.0.0.2")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("10.0.0.2"));
+        let hdr = h(&[("x-forwarded-for", "")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("127.0.0.1"));
+    }
+
+    #[test]
+    fn ports_and_brackets_in_hops() {
+        let r = rules(&["127.0.0.1/32"]);
+        let hdr = h(&[("x-forwarded-for", "1.2.3.4:5678")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("1.2.3.4"));
+        let hdr = h(&[("x-forwarded-for", "[2001:db8::1]:443")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("2001:db8::1"));
+    }
+
+    #[test]
+    fn forwarded_header_rfc7239() {
+        let r = rules(&["127.0.0.1/32"]);
+        let hdr = h(&[(
+            "forwarded",
+            r#"for=192.0.2.60;proto=http;by=203.0.113.43, for="[2001:db8:cafe::17]:4711""#,
+        )]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("2001:db8:cafe::17"));
+        let hdr = h(&[("forwarded", "for=unknown")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("127.0.0.1"));
+        // X-Forwarded-For wins when both are present.
+        let hdr = h(&[("forwarded", "for=9.9.9.9"), ("x-forwarded-for", "1.2.3.4")]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("1.2.3.4"));
+    }
+
+    #[test]
+    fn v4_mapped_peers_are_v4() {
+        let r = rules(&["127.0.0.1/32"]);
+        let hdr = h(&[("x-forwarded-for", "5.6.7.8")]);
+        assert_eq!(r.client_ip(ip("::ffff:127.0.0.1"), &hdr), ip("5.6.7.8"));
+        assert_eq!(r.group(ip("::ffff:1.2.3.4")), "1.2.3.4");
+    }
+
+    #[test]
+    fn ipv6_grouped_by_prefix() {
+        let mut r = rules(&[]);
+        assert_eq!(r.group(ip("2001:db8:1:2:aaaa::1")), "2001:db8:1:2::/64");
+        assert_eq!(r.group(ip("2001:db8:1:2:bbbb::9")), "2001:db8:1:2::/64");
+        r.ipv6_prefix = 128;
+        assert_eq!(r.group(ip("2001:db8::1")), "2001:db8::1/128");
+        r.ipv6_prefix = 48;
+        assert_eq!(r.group(ip("2001:db8:1:2::1")), "2001:db8:1::/48");
+        assert_eq!(r.group(ip("1.2.3.4")), "1.2.3.4");
+    }
+
+    fn sources() -> IdentitySources {
+        IdentitySources {
+            api_key_header: Some(HeaderName::from_static("x-api-key")),
+            api_key_query: Some("api_key".into()),
+            user_header: Some(HeaderName::from_static("x-user-id")),
+            jwt: None,
+        }
+    }
+
+    #[test]
+    fn api_key_header_then_query() {
+        let s = sources();
+        assert_eq!(
+            s.api_key(&h(&[("x-api-key", "k1")]), Some("api_key=k2")),
+            Some("k1".into())
+        );
+        assert_eq!(
+            s.api_key(&HeaderMap::new(), Some("a=1&api_key=k%202")),
+            Some("k 2".into())
+        );
+        assert_eq!(s.api_key(&h(&[("x-api-key", " ")]), Some("api_key=")), None);
+        assert_eq!(s.api_key(&HeaderMap::new(), None), None);
+        assert_eq!(s.api_key(&HeaderMap::new(), Some("api_keyx=1")), None);
+    }
+
+    fn jwt(claims: &str, secret: &[u8]) -> String {
+        let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let head = b64.encode(br#"{"alg":"HS256","typ":"JWT"}"#);
+        let body = b64.encode(claims.as_bytes());
+        let mut mac = Hmac::<Sha256>::new_from_slice(secret).unwrap();
+        mac.update(format!("{head}.{body}").as_bytes());
+        let sig = b64.encode(mac.finalize().into_bytes());
+        format!("Bearer {head}.{body}.{sig}")
+    }
+
+    #[test]
+    fn jwt_users() {
+        let mut s = sources();
+        s.jwt = Some(JwtSource {
+            header: HeaderName::from_static("authorization"),
+            secret: b"s3cret".to_vec(),
+            claim: "sub".into(),
+        });
+        let ok = jwt(r#"{"sub":"alice","exp":2000}"#, b"s3cret");
+        assert_eq!(
+            s.user(&h(&[("authorization", &ok)]), 1000),
+            Some("alice".into())
+        );
+        assert_eq!(s.user(&h(&[("authorization", &ok)]), 2000), None, "expired");
+        let forged = jwt(r#"{"sub":"alice"}"#, b"other");
+        assert_eq!(s.user(&h(&[("authorization", &forged)]), 1000), None);
+        let no_exp = jwt(r#"{"sub":"bob"}"#, b"s3cret");
+        assert_eq!(
+            s.user(&h(&[("authorization", &no_exp)]), 1000),
+            Some("bob".into())
+        );
+        assert_eq!(s.user(&h(&[("authorization", "Bearer x.y")]), 1000), None);
+        // The plain user header is not believed when JWT is configured.
+        assert_eq!(s.user(&h(&[("x-user-id", "mallory")]), 1000), None);
+    }
+}
+
+/// The identity facts of one request, each computed at most once and only if a limit asks.
+pub struct Identity<'a> {
+    pub client_ip: IpAddr,
+    /// The `by: ip` value: the client IP, IPv6 grouped by prefix.
+    pub ip_key: String,
+    headers: &'a HeaderMap,
+    query: Option<&'a str>,
+    sources: &'a IdentitySources,
+    api_key: std::cell::OnceCell<Option<String>>,
+    user: std::cell::OnceCell<Option<String>>,
+}
+
+impl<'a> Identity<'a> {
+    pub fn new(
+        peer: IpAddr,
+        headers: &'a HeaderMap,
+        query: Option<&'a str>,
+        rules: &ClientIpRules,
+        sources: &'a IdentitySources,
+    ) -> Self {
+        let client_ip = rules.client_ip(peer, headers);
+        Identity {
+            client_ip,
+            ip_key: rules.group(client_ip),
+            headers,
+            query,
+            sources,
+            api_key: Default::default(),
+            user: Default::default(),
+        }
+    }
+
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key
+            .get_or_init(|| self.sources.api_key(self.headers, self.query))
+            .as_deref()
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        self.user
+            .get_or_init(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                self.sources.user(self.headers, now)
+            })
+            .as_deref()
+    }
+
+    pub fn header(&self, name: &HeaderName) -> Option<String> {
+        header_value(self.headers, name)
+    }
+}

@@ -1,0 +1,273 @@
+//! Stage 3 — limit: turn the route's limits into one all-or-nothing store call, apply the
+//! store-error policy, and say whether the request may pass and which limit to advertise.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sha2::{Digest, Sha256};
+
+use crate::algo::{Code, Decision, Params};
+use crate::config::file::{OnError, OnMissing};
+use crate::headers::ratelimit::retry_after_secs;
+use crate::identify::Identity;
+use crate::respond::GatewayError;
+use crate::route::Route;
+use crate::store::backend::Backend;
+use crate::store::memory::MemoryStore;
+use crate::store::{LimitCall, StoreError};
+
+/// One part of a limit's key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyPart {
+    Ip,
+    ApiKey,
+    User,
+    Header(HeaderName),
+    /// The whole route shares one counter.
+    Route,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cost {
+    Static(u64),
+    Header {
+        name: HeaderName,
+        default: u64,
+        max: u64,
+    },
+}
+
+/// A compiled limit of a route.
+#[derive(Debug, Clone)]
+pub struct LimitRule {
+    pub name: Arc<str>,
+    pub by: Vec<KeyPart>,
+    pub params: Params,
+    pub cost: Cost,
+    pub shadow: bool,
+    pub on_missing: OnMissing,
+    /// `{prefix}{route}:{limit}:{algorithm}:`; the hashed identity follows in braces (a
+    /// Redis Cluster hash tag). Rate and burst are not part of it, so editing them keeps state.
+    pub key_base: String,
+    /// The `RateLimit-Policy` item, computed at load.
+    pub policy: HeaderValue,
+}
+
+/// The per-limit label of `sluice_limit_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecisionLabel {
+    Allowed,
+    Limited,
+    ShadowLimited,
+    Error,
+}
+
+impl DecisionLabel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DecisionLabel::Allowed => "allowed",
+            DecisionLabel::Limited => "limited",
+            DecisionLabel::ShadowLimited => "shadow_limited",
+            DecisionLabel::Error => "error",
+        }
+    }
+}
+
+/// What the limit stage concluded.
+#[derive(Default)]
+pub struct Admission {
+    /// Set when the request must be answered by the gateway (401, 400, 429, 503).
+    pub reject: Option<GatewayError>,
+    /// For each limit that was decided: its index in the route and its label.
+    pub decisions: Vec<(usize, DecisionLabel)>,
+    /// The limit to advertise in RateLimit headers, with its decision.
+    pub headline: Option<(usize, Decision)>,
+    pub shadow_limited: bool,
+    /// The store failed and the policy let the request through (allow or local).
+    pub store_error_allowed: bool,
+    pub store_error: Option<StoreError>,
+    /// Which store answered and how long it took.
+    pub store_time: Option<(&'static str, Duration)>,
+}
+
+/// The hashed identity of a request for one limit (never an identity in clear in a key).
+/// `None`: the limit does not apply (`on_missing: skip`).
+pub fn identity_material(
+    rule: &LimitRule,
+    who: &Identity<'_>,
+) -> Result<Option<String>, GatewayError> {
+    let mut material = String::new();
+    for (i, part) in rule.by.iter().enumerate() {
+        let v = match part {
+            KeyPart::Ip => Some(who.ip_key.clone()),
+            KeyPart::ApiKey => who.api_key().map(str::to_owned),
+            KeyPart::User => who.user().map(str::to_owned),
+            KeyPart::Header(h) => who.header(h),
+            KeyPart::Route => Some(String::new()),
+        };
+        match v {
+            Some(v) => {
+                if i > 0 {
+                    material.push('\0');
+                }
+                material.push_str(&v);
+            }
+            None => {
+                return match rule.on_missing {
+                    OnMissing::Skip => Ok(None),
+                    OnMissing::Reject => Err(GatewayError::MissingIdentity {
+                        limit: rule.name.clone(),
+                    }),
+                    // A distinct namespace: an API key equal to an IP string is another client.
+                    OnMissing::Ip => Ok(Some(format!("\u{1}ip\0{}", who.ip_key))),
+                };
+            }
+        }
+    }
+    Ok(Some(material))
+}
+
+/// `key_base{hash}`: 128 bits of SHA-256 of the identity material, hex.
+pub fn store_key(rule: &LimitRule, material: &str) -> String {
+    let digest = Sha256::digest(material.as_bytes());
+    let mut key = String::with_capacity(rule.key_base.len() + 34);
+    key.push_str(&rule.key_base);
+    key.push('{');
+    for b in &digest[..16] {
+        key.push_str(&format!("{b:02x}"));
+    }
+    key.push('}');
+    key
+}
+
+fn cost(rule: &LimitRule, headers: &HeaderMap) -> Result<u64, GatewayError> {
+    match &rule.cost {
+        Cost::Static(c) => Ok(*c),
+        Cost::Header { name, default, max } => match headers.get(name) {
+            None => Ok(*default),
+            Some(v) => v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .filter(|c| (1..=*max).contains(c))
+                .ok_or_else(|| GatewayError::BadCost {
+                    header: name.to_string(),
+                    max: *max,
+                }),
+        },
+    }
+}
+
+/// The store calls of one request: built synchronously from its identity, before any await.
+pub struct Plan {
+    calls: Vec<LimitCall>,
+    /// For each call, the index of its limit in the route.
+    which: Vec<usize>,
+}
+
+/// Resolve each limit's identity and cost. A missing identity with `on_missing: reject` or a
+/// bad cost header answers the request right away.
+pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Plan, GatewayError> {
+    let mut calls = Vec::with_capacity(route.limits.len());
+    let mut which = Vec::with_capacity(route.limits.len());
+    for (i, rule) in route.limits.iter().enumerate() {
+        let Some(material) = identity_material(rule, who)? else {
+            continue;
+        };
+        let cost = cost(rule, headers)?;
+        calls.push(LimitCall {
+            key: store_key(rule, &material),
+            params: rule.params,
+            cost,
+            shadow: rule.shadow,
+        });
+        which.push(i);
+    }
+    Ok(Plan { calls, which })
+}
+
+/// Decide the planned limits in one store call and apply the route's store-error policy.
+pub async fn decide(
+    route: &Route,
+    plan: Plan,
+    store: &Backend,
+    local: &MemoryStore,
+    request_id: &str,
+) -> Admission {
+    let mut adm = Admission::default();
+    let Plan { calls, which } = plan;
+    if calls.is_empty() {
+        return adm;
+    }
+
+    let started = Instant::now();
+    let result = store.decide(&calls, request_id).await;
+    adm.store_time = Some((store.label(), started.elapsed()));
+    let decisions = match result {
+        Ok(d) => d,
+        Err(e) => {
+            adm.store_error = Some(e.clone());
+            match route.on_store_error {
+                OnError::Allow => {
+                    adm.store_error_allowed = true;
+                    adm.decisions = which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
+                    return adm;
+                }
+                OnError::Deny => {
+                    adm.decisions = which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
+                    adm.reject = Some(GatewayError::StoreUnavailable(e));
+                    return adm;
+                }
+                OnError::Local => {
+                    adm.store_error_allowed = true;
+                    local.decide(&calls)
+                }
+            }
+        }
+    };
+
+    // Among refusing enforced limits, the longest wait is the one to report; otherwise the
+    // most constraining enforced limit: lowest remaining, ties broken by the longest reset.
+    let mut refused: Option<(usize, Decision)> = None;
+    let mut tightest: Option<(usize, Decision)> = None;
+    for (k, d) in decisions.iter().enumerate() {
+        let i = which[k];
+        let rule = &route.limits[i];
+        let label = match (d.code, rule.shadow) {
+            (Code::Allowed, _) => DecisionLabel::Allowed,
+            (_, true) => DecisionLabel::ShadowLimited,
+            (_, false) => DecisionLabel::Limited,
+        };
+        adm.decisions.push((i, label));
+        if rule.shadow {
+            if label == DecisionLabel::ShadowLimited {
+                adm.shadow_limited = true;
+                tracing::info!(route = %route.name, limit = %rule.name, "shadow limit would have refused this request");
+            }
+            continue;
+        }
+        if d.code != Code::Allowed
+            && refused.is_none_or(|(_, r)| d.retry_after_us > r.retry_after_us)
+        {
+            refused = Some((i, *d));
+        }
+        if tightest.is_none_or(|(_, t)| {
+            (d.remaining, std::cmp::Reverse(d.reset_after_us))
+                < (t.remaining, std::cmp::Reverse(t.reset_after_us))
+        }) {
+            tightest = Some((i, *d));
+        }
+    }
+    if let Some((i, d)) = refused {
+        adm.reject = Some(GatewayError::Limited {
+            route: route.name.clone(),
+            limit: route.limits[i].name.clone(),
+            retry_after: retry_after_secs(d.retry_after_us),
+        });
+        adm.headline = Some((i, d));
+    } else {
+        adm.headline = tightest;
+    }
+    adm
+}

@@ -1,0 +1,318 @@
+//! The request pipeline, one phase per stage:
+//! match route → identify → limit → forward → respond → log.
+//!
+//! A request takes one snapshot of the runtime table at its start and keeps it to the end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use http::header::{HeaderValue, HOST};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use crate::body::{self, Body};
+use crate::forward::Outgoing;
+use crate::headers::request_id::{self, X_REQUEST_ID};
+use crate::headers::{forwarded, hop_by_hop, ratelimit};
+use crate::identify::Identity;
+use crate::limit::{self, Admission};
+use crate::metrics::{status_class, Metrics};
+use crate::respond::GatewayError;
+use crate::route::{self, Route};
+use crate::store::backend::Backend;
+use crate::store::memory::MemoryStore;
+use crate::table::Table;
+
+/// Everything a request needs, shared by all connections.
+pub struct Gateway {
+    pub table: ArcSwap<Table>,
+    pub store: Backend,
+    /// The embedded store used by `on_error: local` (and as the store itself for `memory`).
+    pub local: Arc<MemoryStore>,
+    pub metrics: Metrics,
+    pub config_path: std::path::PathBuf,
+    /// Reloads run one at a time.
+    pub reload_lock: parking_lot::Mutex<()>,
+    /// Hash of the config content last seen by a file event (to ignore no-op events).
+    pub last_seen: parking_lot::Mutex<String>,
+}
+
+/// What the log phase needs to know about a finished request.
+struct Record<'a> {
+    route: Option<&'a Route>,
+    status: StatusCode,
+    outcome: &'static str,
+    upstream: Option<String>,
+    upstream_time: Option<(f64, &'static str)>,
+    admission: Option<&'a Admission>,
+}
+
+impl Gateway {
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let started = Instant::now();
+        let table = self.table.load_full();
+        let rid = request_id::get_or_make(req.headers());
+        let (mut parts, body) = req.into_parts();
+        let host = parts.headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+
+        // 1. Match the route.
+        let Some(route) = route::find(
+            &table.routes,
+            &parts.method,
+            parts.uri.path(),
+            host.as_ref().and_then(|h| h.to_str().ok()),
+            &parts.headers,
+        ) else {
+            let res = GatewayError::NoRoute.into_response(&rid);
+            self.log(
+                &parts,
+                &rid,
+                started,
+                Record {
+                    route: None,
+                    status: res.status(),
+                    outcome: "no_route",
+                    upstream: None,
+                    upstream_time: None,
+                    admission: None,
+                },
+            );
+            return res;
+        };
+        let inflight = self.metrics.inflight.with_label_values(&[&route.name]);
+        inflight.inc();
+
+        // 2. Identify, 3. limit.
+        let plan = {
+            let who = Identity::new(
+                peer.ip(),
+                &parts.headers,
+                parts.uri.query(),
+                &table.client_ip,
+                &table.identities,
+            );
+            limit::plan(route, &who, &parts.headers)
+        };
+        let mut adm = match plan {
+            Ok(plan) => {
+                limit::decide(
+                    route,
+                    plan,
+                    &self.store,
+                    &self.local,
+                    rid.to_str().unwrap_or(""),
+                )
+                .await
+            }
+            Err(e) => Admission {
+                reject: Some(e),
+                ..Admission::default()
+            },
+        };
+
+        // 4. Forward, unless the limit stage answered.
+        let mut upstream = None;
+        let mut upstream_time = None;
+        let reject = adm.reject.take();
+        let outcome;
+        let mut res = match reject {
+            Some(err) => {
+                outcome = match &err {
+                    GatewayError::Limited { .. } => "limited",
+                    GatewayError::StoreUnavailable(_) => "store_error_denied",
+                    _ => "rejected_identity",
+                };
+                let mut res = err.into_response(&rid);
+                if let Some((_, d)) = adm
+                    .headline
+                    .filter(|_| res.status() == StatusCode::TOO_MANY_REQUESTS)
+                {
+                    ratelimit::set_retry_after(
+                        res.headers_mut(),
+                        ratelimit::retry_after_secs(d.retry_after_us),
+                    );
+                }
+                res
+            }
+            None => {
+                let t = Instant::now();
+                let result = self
+                    .forward(route, &table, &mut parts, body, peer, host.as_ref(), &rid)
+                    .await;
+                let secs = t.elapsed().as_secs_f64();
+                match result {
+                    Ok((res, target)) => {
+                        upstream = Some(target);
+                        upstream_time = Some((secs, status_class(res.status().as_u16())));
+                        outcome = if matches!(
+                            res.status(),
+                            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+                        ) {
+                            "upstream_error"
+                        } else if adm.shadow_limited {
+                            "shadow_limited"
+                        } else if adm.store_error_allowed {
+                            "store_error_allowed"
+                        } else {
+                            "forwarded"
+                        };
+                        res
+                    }
+                    Err(e) => {
+                        upstream_time = Some((secs, "error"));
+                        outcome = "upstream_error";
+                        GatewayError::from(e).into_response(&rid)
+                    }
+                }
+            }
+        };
+
+        // 5. Respond: rate-limit fields of the most constraining limit.
+        if let Some((i, d)) = adm.headline {
+            let rule = &route.limits[i];
+            ratelimit::apply(
+                res.headers_mut(),
+                table.headers,
+                &route.name,
+                &rule.name,
+                &rule.policy,
+                &d,
+            );
+        }
+        res.headers_mut().insert(X_REQUEST_ID, rid.clone());
+
+        // 6. Log and count.
+        inflight.dec();
+        self.log(
+            &parts,
+            &rid,
+            started,
+            Record {
+                route: Some(route),
+                status: res.status(),
+                outcome,
+                upstream,
+                upstream_time,
+                admission: Some(&adm),
+            },
+        );
+        res
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn forward(
+        &self,
+        route: &Route,
+        table: &Table,
+        parts: &mut http::request::Parts,
+        body: Incoming,
+        peer: SocketAddr,
+        host: Option<&HeaderValue>,
+        rid: &HeaderValue,
+    ) -> Result<(Response<Body>, String), crate::forward::ForwardError> {
+        let upgrade = parts.version == Version::HTTP_11 && hop_by_hop::is_upgrade(&parts.headers);
+        let client_upgrade = if upgrade {
+            parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+        } else {
+            None
+        };
+
+        let mut headers = parts.headers.clone();
+        hop_by_hop::strip(&mut headers, upgrade);
+        forwarded::apply(
+            &mut headers,
+            peer.ip(),
+            table.client_ip.is_trusted(peer.ip().to_canonical()),
+            host,
+        );
+        if let Some(h) = host {
+            headers.entry(HOST).or_insert_with(|| h.clone());
+        }
+        headers.insert(X_REQUEST_ID, rid.clone());
+        let path = if route.strip_prefix {
+            route.matcher.strip(parts.uri.path())
+        } else {
+            parts.uri.path().into()
+        };
+        let path_and_query = match parts.uri.query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path.into_owned(),
+        };
+        let out = Outgoing {
+            method: parts.method.clone(),
+            path_and_query,
+            headers,
+        };
+        let (mut res, target) = route.upstream.send(out, body).await?;
+
+        let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if let (true, Some(client)) = (switching, client_upgrade) {
+            let upstream = hyper::upgrade::on(&mut res);
+            tokio::spawn(async move {
+                if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
+                    let _ =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
+                            .await;
+                }
+            });
+        }
+        hop_by_hop::strip(res.headers_mut(), switching);
+        Ok((res.map(body::stream), target))
+    }
+
+    /// The one place a finished request is logged and counted.
+    fn log(
+        &self,
+        parts: &http::request::Parts,
+        rid: &HeaderValue,
+        started: Instant,
+        r: Record<'_>,
+    ) {
+        let m = &self.metrics;
+        let route = r.route.map_or("_none", |r| &r.name);
+        let elapsed = started.elapsed();
+        m.requests.with_label_values(&[route, r.outcome]).inc();
+        m.request_duration
+            .with_label_values(&[route])
+            .observe(elapsed.as_secs_f64());
+        if let Some((secs, class)) = r.upstream_time {
+            m.upstream_duration
+                .with_label_values(&[route, class])
+                .observe(secs);
+        }
+        if let (Some(adm), Some(rt)) = (r.admission, r.route) {
+            for (i, label) in &adm.decisions {
+                m.limit_decisions
+                    .with_label_values(&[route, &rt.limits[*i].name, label.as_str()])
+                    .inc();
+            }
+            if let Some((store, t)) = adm.store_time {
+                m.store_duration
+                    .with_label_values(&[store])
+                    .observe(t.as_secs_f64());
+            }
+            if let Some(e) = &adm.store_error {
+                m.store_errors.with_label_values(&[e.kind()]).inc();
+            }
+        }
+        tracing::info!(
+            target: "sluice::access",
+            route,
+            method = %parts.method,
+            path = parts.uri.path(),
+            status = r.status.as_u16(),
+            decision = r.outcome,
+            upstream = r.upstream.as_deref().unwrap_or("-"),
+            duration_us = elapsed.as_micros() as u64,
+            request_id = rid.to_str().unwrap_or("-"),
+        );
+    }
+}

@@ -1,0 +1,136 @@
+//! Live reload (SPEC §6): the file changing (its directory is watched, so rename-over and
+//! Kubernetes symlink swaps are seen), SIGHUP, or `POST /admin/reload`. A reload parses,
+//! validates and compiles off the request path, then swaps the table in one atomic store.
+//! A bad file changes nothing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+
+use crate::config::{self, ConfigErrors};
+use crate::proxy::Gateway;
+use crate::table::Table;
+
+/// Why a reload happened; file events with unchanged content are not reloads at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    File,
+    Signal,
+    Admin,
+}
+
+/// Reload from `gw.config_path`. Returns the new version, or every error (old config kept).
+pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
+    let _serial = gw.reload_lock.lock();
+    let text = std::fs::read_to_string(&gw.config_path);
+    if trigger == Trigger::File {
+        // Editors write several events per save: act only when the content really changed.
+        let hash = text.as_deref().map(config::version_of).unwrap_or_default();
+        let mut last = gw.last_seen.lock();
+        if *last == hash {
+            return Ok(gw.table.load().version.clone());
+        }
+        *last = hash;
+    }
+    let result = config::load(&gw.config_path).map(|t| apply(gw, t));
+    match &result {
+        Ok(v) => {
+            gw.metrics.reloads.with_label_values(&["success"]).inc();
+            tracing::info!(?trigger, version = %v, "config reloaded");
+        }
+        Err(errors) => {
+            gw.metrics.reloads.with_label_values(&["error"]).inc();
+            for e in &errors.0 {
+                tracing::error!(?trigger, "config reload rejected: {e}");
+            }
+        }
+    }
+    result
+}
+
+/// Swap in a compiled table, keeping what only a restart can change.
+fn apply(gw: &Gateway, mut new: Table) -> String {
+    let old = gw.table.load_full();
+    let mut restart = Vec::new();
+    macro_rules! keep {
+        ($($field:ident),*) => {$(
+            if new.$field != old.$field {
+                restart.push(stringify!($field));
+                new.$field = old.$field.clone();
+            }
+        )*};
+    }
+    keep!(
+        listen,
+        admin_listen,
+        workers,
+        drain_timeout,
+        client_header_timeout,
+        store
+    );
+    if !restart.is_empty() {
+        tracing::warn!(settings = ?restart, "these settings changed but need a restart; the running values are kept");
+    }
+    let gone_routes: Vec<String> = old
+        .routes
+        .iter()
+        .filter(|r| new.route(&r.name).is_none())
+        .map(|r| r.name.to_string())
+        .collect();
+    let gone_limits: Vec<(String, String)> = old
+        .routes
+        .iter()
+        .flat_map(|r| r.limits.iter().map(move |l| (r, l)))
+        .filter(|(r, l)| {
+            new.route(&r.name)
+                .is_none_or(|nr| !nr.limits.iter().any(|nl| nl.name == l.name))
+        })
+        .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
+        .collect();
+    let version = new.version.clone();
+    gw.table.store(Arc::new(new));
+    gw.metrics.forget(&gone_routes, &gone_limits);
+    gw.metrics.set_config_version(Some(&old.version), &version);
+    version
+}
+
+/// Watch the config file's directory and SIGHUP; reload on either until the process ends.
+pub fn spawn_watchers(gw: Arc<Gateway>) -> notify::Result<notify::RecommendedWatcher> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
+        if ev.is_ok_and(|e| !e.kind.is_access()) {
+            let _ = tx.send(());
+        }
+    })?;
+    watcher.watch(&watch_dir(&gw.config_path), RecursiveMode::NonRecursive)?;
+    let file_gw = gw.clone();
+    tokio::spawn(async move {
+        while rx.recv().await.is_some() {
+            // Let a burst of events (write, chmod, rename) settle, then look once.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            while rx.try_recv().is_ok() {}
+            let gw = file_gw.clone();
+            let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::File)).await;
+        }
+    });
+    tokio::spawn(async move {
+        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            let gw = gw.clone();
+            let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::Signal)).await;
+        }
+    });
+    Ok(watcher)
+}
+
+fn watch_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}

@@ -1,0 +1,146 @@
+//! Stage 5 — the gateway's own answers. Every error of every layer becomes a status code
+//! here, and nowhere else, as an RFC 9457 `application/problem+json` body.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use serde_json::json;
+
+use crate::body::{full, Body};
+use crate::forward::ForwardError;
+use crate::headers::request_id::X_REQUEST_ID;
+use crate::store::StoreError;
+
+/// Why the gateway answered instead of the upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("no route matches this request")]
+    NoRoute,
+    #[error("limit `{limit}` needs an identity this request does not carry")]
+    MissingIdentity { limit: Arc<str> },
+    #[error("header `{header}` must be an integer cost from 1 to {max}")]
+    BadCost { header: String, max: u64 },
+    #[error("rate limit `{route}/{limit}` exceeded; retry in {retry_after} s")]
+    Limited {
+        route: Arc<str>,
+        limit: Arc<str>,
+        retry_after: u64,
+    },
+    #[error("rate-limit store unavailable: {0}")]
+    StoreUnavailable(StoreError),
+    #[error(transparent)]
+    Upstream(#[from] ForwardError),
+}
+
+impl GatewayError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            GatewayError::NoRoute => StatusCode::NOT_FOUND,
+            GatewayError::MissingIdentity { .. } => StatusCode::UNAUTHORIZED,
+            GatewayError::BadCost { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GatewayError::Upstream(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Upstream(_) => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The problem+json document (RFC 9457 §3.1). Rate limiting uses the IANA
+    /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
+    pub fn problem(&self) -> serde_json::Value {
+        let status = self.status();
+        let title = status.canonical_reason().unwrap_or("Error");
+        match self {
+            GatewayError::Limited {
+                route,
+                limit,
+                retry_after,
+            } => json!({
+                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
+                "title": title,
+                "status": status.as_u16(),
+                "detail": self.to_string(),
+                "route": route.as_ref(),
+                "limit": limit.as_ref(),
+                "retry_after": retry_after,
+            }),
+            _ => json!({
+                "type": "about:blank",
+                "title": title,
+                "status": status.as_u16(),
+                "detail": self.to_string(),
+            }),
+        }
+    }
+
+    pub fn into_response(self, request_id: &HeaderValue) -> Response<Body> {
+        let body = serde_json::to_vec(&self.problem()).expect("json");
+        let mut res = Response::new(full(Bytes::from(body)));
+        *res.status_mut() = self.status();
+        let h = res.headers_mut();
+        h.insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(X_REQUEST_ID, request_id.clone());
+        res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses() {
+        assert_eq!(GatewayError::NoRoute.status(), 404);
+        assert_eq!(
+            GatewayError::MissingIdentity { limit: "l".into() }.status(),
+            401
+        );
+        assert_eq!(
+            GatewayError::BadCost {
+                header: "x-cost".into(),
+                max: 3
+            }
+            .status(),
+            400
+        );
+        assert_eq!(
+            GatewayError::StoreUnavailable(StoreError::Timeout).status(),
+            503
+        );
+        assert_eq!(
+            GatewayError::Upstream(ForwardError::Unreachable("x".into())).status(),
+            502
+        );
+        assert_eq!(
+            GatewayError::Upstream(ForwardError::Timeout("x".into())).status(),
+            504
+        );
+    }
+
+    #[test]
+    fn quota_exceeded_problem() {
+        let e = GatewayError::Limited {
+            route: "login".into(),
+            limit: "per-ip".into(),
+            retry_after: 12,
+        };
+        let p = e.problem();
+        assert_eq!(
+            p["type"],
+            "https://iana.org/assignments/http-problem-types#quota-exceeded"
+        );
+        assert_eq!(p["title"], "Too Many Requests");
+        assert_eq!(p["status"], 429);
+        assert_eq!(p["route"], "login");
+        assert_eq!(p["limit"], "per-ip");
+        assert_eq!(p["retry_after"], 12);
+        let res = e.into_response(&HeaderValue::from_static("rid"));
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(res.headers()[X_REQUEST_ID], "rid");
+    }
+}

@@ -1,0 +1,60 @@
+//! The compiled, immutable runtime table: what the request path reads.
+//!
+//! Built once per (re)load by `config::compile`, then published through an `ArcSwap`; a
+//! request takes one `Arc<Table>` snapshot at its start and uses it to the end, so reloads
+//! never block requests and in-flight requests finish on the table they started with.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use crate::config::file;
+use crate::identify::{ClientIpRules, IdentitySources};
+use crate::route::Route;
+
+pub struct Table {
+    /// Hash of the file's content (the `version` of `/admin/config` and `sluice_config_info`).
+    pub version: String,
+    pub loaded_at: SystemTime,
+    /// The effective configuration, for `/admin/config` (secrets are redacted there).
+    pub file: file::File,
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub workers: usize,
+    pub drain_timeout: Duration,
+    pub client_header_timeout: Duration,
+    pub store: StoreSettings,
+    pub client_ip: ClientIpRules,
+    pub identities: IdentitySources,
+    pub headers: file::HeadersMode,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreSettings {
+    pub kind: file::StoreKind,
+    pub on_error: file::OnError,
+    pub memory_max_keys: usize,
+    pub redis: RedisSettings,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisSettings {
+    pub url: Option<String>,
+    pub mode: file::RedisMode,
+    pub nodes: Vec<String>,
+    pub sentinel_service: Option<String>,
+    /// Resolved from `password_env` at load time.
+    pub password: Option<String>,
+    pub pool_size: usize,
+    pub timeout: Duration,
+    pub key_prefix: String,
+}
+
+impl Table {
+    pub fn route(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|r| r.name.as_ref() == name)
+    }
+}
+
+pub type SharedTable = Arc<arc_swap::ArcSwap<Table>>;
