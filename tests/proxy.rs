@@ -1,0 +1,366 @@
+//! Forwarding through the real binary to a real upstream over real sockets.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+use http::Method;
+use http_body_util::BodyExt;
+use support::*;
+
+fn plain(up: &Upstream) -> String {
+    format!(
+        "client_ip: {{ trusted_proxies: [10.0.0.0/8] }}
+upstreams:
+  up: {{ targets: [{}], timeout: 1s, connect_timeout: 1s }}
+routes:
+  - name: strip
+    match: {{ path_prefix: /api }}
+    upstream: up
+    strip_prefix: true
+  - name: only-post
+    match: {{ path: /post-only, methods: [POST] }}
+    upstream: up
+  - name: everything
+    match: {{ path_prefix: /, host: '*.example.com' }}
+    upstream: up
+  - name: localhost
+    match: {{ path_prefix: / }}
+    upstream: up
+",
+        up.url()
+    )
+}
+
+#[tokio::test]
+async fn forwards_headers_per_rfc9110() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c = client();
+    let r = send(
+        &c,
+        Method::GET,
+        &s.url("/echo?a=1"),
+        &[
+            ("host", "shop.example.com"),
+            ("connection", "x-private, keep-alive"),
+            ("x-private", "secret"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("proxy-authorization", "Basic abc"),
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-proto", "https"),
+            ("x-request-id", "client-id-1"),
+            ("authorization", "Bearer keep-me"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", s.log());
+    let echo = r.json();
+    let h = &echo["headers"];
+    assert_eq!(echo["path"], "/echo");
+    assert_eq!(echo["query"], "a=1");
+    assert_eq!(h["host"][0], "shop.example.com", "Host passes through");
+    for hop in ["x-private", "keep-alive", "te", "proxy-authorization"] {
+        assert!(h.get(hop).is_none(), "{hop} must not be forwarded: {h}");
+    }
+    assert_eq!(h["authorization"][0], "Bearer keep-me");
+    assert_eq!(h["x-forwarded-for"][0], "6.6.6.6, 127.0.0.1");
+    assert_eq!(
+        h["x-forwarded-proto"][0], "http",
+        "an untrusted peer cannot claim https"
+    );
+    assert_eq!(h["x-forwarded-host"][0], "shop.example.com");
+    assert_eq!(h["x-request-id"][0], "client-id-1");
+    assert_eq!(r.header("x-request-id"), Some("client-id-1"));
+    // Hop-by-hop fields of the upstream's response do not reach the client either.
+    assert!(r.header("x-hop").is_none());
+    assert!(r.header("keep-alive").is_none());
+
+    // A request id is generated when absent, forwarded, and returned.
+    let r = get(&c, &s.url("/echo"), &[]).await;
+    let rid = r.header("x-request-id").unwrap().to_string();
+    assert_eq!(rid.len(), 32);
+    assert_eq!(r.json()["headers"]["x-request-id"][0], rid.as_str());
+}
+
+#[tokio::test]
+async fn routes_first_match_and_strip_prefix() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c = client();
+    assert_eq!(
+        get(&c, &s.url("/api/users?x=1"), &[]).await.json()["path"],
+        "/users"
+    );
+    assert_eq!(get(&c, &s.url("/api"), &[]).await.json()["path"], "/");
+    assert_eq!(get(&c, &s.url("/apiary"), &[]).await.json()["path"], "/ary");
+    let r = send(&c, Method::POST, &s.url("/post-only"), &[], b"hello").await;
+    assert_eq!(r.json()["body_len"], 5);
+    assert_eq!(r.json()["method"], "POST");
+}
+
+#[tokio::test]
+async fn no_route_is_404_problem_json() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!("upstreams: {{ up: {{ targets: [{}] }} }}\nroutes:\n  - name: only\n    match: {{ path: /x }}\n    upstream: up\n", up.url()));
+    let r = get(&client(), &s.url("/nope"), &[]).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert_eq!(r.json()["status"], 404);
+    assert!(r.header("x-request-id").is_some());
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test]
+async fn trusted_proxy_keeps_forwarded_proto_and_host() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!("client_ip: {{ trusted_proxies: [127.0.0.1/32] }}\nupstreams: {{ up: {{ targets: [{}] }} }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n", up.url()));
+    let r = get(
+        &client(),
+        &s.url("/"),
+        &[
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "public.example.com"),
+            ("x-forwarded-for", "1.2.3.4"),
+        ],
+    )
+    .await;
+    let h = &r.json()["headers"];
+    assert_eq!(h["x-forwarded-proto"][0], "https");
+    assert_eq!(h["x-forwarded-host"][0], "public.example.com");
+    assert_eq!(h["x-forwarded-for"][0], "1.2.3.4, 127.0.0.1");
+}
+
+#[tokio::test]
+async fn h2c_prior_knowledge() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let r = get(&c, &s.url("/echo"), &[]).await;
+    assert_eq!(r.status, 200, "{}", s.log());
+    let echo = r.json();
+    assert_eq!(echo["version"], "HTTP/1.1", "upstream side is HTTP/1.1");
+    assert_eq!(
+        echo["headers"]["host"][0],
+        s.addr.to_string(),
+        "h2 :authority becomes Host"
+    );
+    assert!(r.header("x-request-id").is_some());
+}
+
+#[tokio::test]
+async fn refused_upstream_is_502_and_round_robin_skips_it() {
+    let up = Upstream::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let yaml = format!(
+        "upstreams:\n  dead: {{ targets: [{dead}] }}\n  mixed: {{ targets: [{dead}, {}] }}\nroutes:\n  - name: dead\n    match: {{ path_prefix: /dead }}\n    upstream: dead\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: mixed\n",
+        up.url()
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    let t = Instant::now();
+    let r = get(&c, &s.url("/dead"), &[]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "refusal must not wait for the connect timeout"
+    );
+    // With one refusing target and one live one, every request succeeds (body included).
+    for i in 0..6 {
+        let r = send(
+            &c,
+            Method::POST,
+            &s.url("/x"),
+            &[],
+            format!("body-{i}").as_bytes(),
+        )
+        .await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.json()["body_len"], 6);
+    }
+    assert_eq!(up.hits(), 6);
+}
+
+#[tokio::test]
+async fn round_robin_over_live_targets() {
+    let a = Upstream::start();
+    let b = Upstream::start();
+    let s = Sluice::start(&format!("upstreams: {{ up: {{ targets: [{}, {}] }} }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n", a.url(), b.url()));
+    let c = client();
+    for _ in 0..10 {
+        assert_eq!(get(&c, &s.url("/"), &[]).await.status, 200);
+    }
+    assert_eq!((a.hits(), b.hits()), (5, 5));
+}
+
+#[tokio::test]
+async fn upstream_timeout_is_504() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let t = Instant::now();
+    let r = get(&client(), &s.url("/slow?ms=5000"), &[]).await;
+    let took = t.elapsed();
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["status"], 504);
+    assert!(
+        took >= Duration::from_millis(950),
+        "answered before the timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "did not answer near the 1s timeout: {took:?}"
+    );
+}
+
+#[tokio::test]
+async fn upstream_closing_without_answer_is_502() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().take(3) {
+            let mut st = stream.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = st.read(&mut buf);
+            drop(st);
+        }
+    });
+    let s = Sluice::start(&format!("upstreams: {{ up: {{ targets: [http://{addr}] }} }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n"));
+    let r = get(&client(), &s.url("/"), &[]).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+}
+
+#[tokio::test]
+async fn websocket_upgrade_passes_through() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let mut st = TcpStream::connect(s.addr).unwrap();
+    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        st.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    for msg in [&b"hello"[..], b"second frame", &[0u8, 1, 2, 255]] {
+        st.write_all(msg).unwrap();
+        let mut back = vec![0u8; msg.len()];
+        st.read_exact(&mut back).unwrap();
+        assert_eq!(back, msg);
+    }
+}
+
+#[tokio::test]
+async fn slow_client_headers_are_cut_off() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!("client_header_timeout: 1s\n{}", plain(&up)));
+    let mut st = TcpStream::connect(s.addr).unwrap();
+    st.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").unwrap();
+    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let t = Instant::now();
+    let mut buf = Vec::new();
+    let _ = st.read_to_end(&mut buf);
+    assert!(
+        t.elapsed() < Duration::from_secs(8),
+        "connection was not closed"
+    );
+    let text = String::from_utf8_lossy(&buf);
+    assert!(buf.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+    assert_eq!(up.hits(), 0);
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests() {
+    let up = Upstream::start();
+    let mut s = Sluice::start(&plain(&up));
+    let url = s.url("/slow?ms=700");
+    let inflight = tokio::spawn(async move { get(&client(), &url, &[]).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = tokio::task::spawn_blocking(move || {
+        let st = s.stop();
+        (st, s)
+    });
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200, "in-flight request finished");
+    let (st, s) = status.await.unwrap();
+    assert!(st.success(), "exit status {st}: {}", s.log());
+    assert!(s.log().contains("drain"), "{}", s.log());
+}
+
+/// 1 GiB each way through the gateway while its RSS is sampled: memory stays flat.
+#[tokio::test]
+async fn large_bodies_stream_without_buffering() {
+    const GIB: u64 = 1 << 30;
+    let up = Upstream::start();
+    // `timeout` covers the response head, which comes after the whole upload: leave room.
+    let s = Sluice::start(&format!("upstreams: {{ up: {{ targets: [{}], timeout: 5m }} }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n", up.url()));
+    let baseline = s.rss_kib();
+    let pid = s.pid();
+    let peak = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(baseline));
+    let p = peak.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let st = stop.clone();
+    let sampler = std::thread::spawn(move || {
+        while !st.load(std::sync::atomic::Ordering::Relaxed) {
+            p.fetch_max(
+                proc_status_kib(pid, "VmRSS:"),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    });
+
+    // Download: count frames as they arrive.
+    let c = client();
+    let res = c
+        .get(s.url(&format!("/download?bytes={GIB}")).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.into_body();
+    let mut n = 0u64;
+    while let Some(f) = body.frame().await {
+        n += f.unwrap().data_ref().map_or(0, |d| d.len() as u64);
+    }
+    assert_eq!(n, GIB);
+
+    // Upload: a streamed request body of 1 GiB, counted by the upstream.
+    let chunk = bytes::Bytes::from(vec![7u8; 256 * 1024]);
+    let chunks =
+        futures_util::stream::iter((0..GIB / chunk.len() as u64).map(move |_| {
+            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(chunk.clone()))
+        }));
+    let body = http_body_util::StreamBody::new(chunks);
+    let uc: hyper_util::client::legacy::Client<_, _> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let req = http::Request::post(s.url("/upload")).body(body).unwrap();
+    let res = uc
+        .request(req)
+        .await
+        .unwrap_or_else(|e| panic!("upload failed: {e:?}\n{}", s.log()));
+    let got = res.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(String::from_utf8_lossy(&got), GIB.to_string());
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    sampler.join().unwrap();
+    let growth_mib = (peak
+        .load(std::sync::atomic::Ordering::Relaxed)
+        .saturating_sub(baseline))
+        / 1024;
+    assert!(
+        growth_mib < 64,
+        "RSS grew by {growth_mib} MiB while streaming 2 GiB"
+    );
+}

@@ -1,0 +1,291 @@
+//! Test harness: a real upstream HTTP server, the real `sluice` binary on free loopback
+//! ports, and a small HTTP client. Shared by every integration test file.
+#![allow(dead_code)]
+
+pub mod upstream;
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+pub use upstream::Upstream;
+
+/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `sluice run` process. SIGTERM on drop.
+pub struct Sluice {
+    child: Option<Child>,
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    pub config_path: PathBuf,
+    pub log_path: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+pub fn sluice_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_sluice")
+}
+
+impl Sluice {
+    /// Start sluice with `yaml` (everything but `listen`/`admin_listen`, which are added).
+    pub fn start(yaml: &str) -> Sluice {
+        Sluice::start_with(yaml, &[])
+    }
+
+    /// Like [`Sluice::start`], with extra environment variables for the process.
+    pub fn start_with(yaml: &str, env: &[(&str, &str)]) -> Sluice {
+        let dir = tempfile::tempdir().unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let config_path = dir.path().join("sluice.yaml");
+        let text = format!("listen: {addr}\nadmin_listen: {admin}\n{yaml}");
+        std::fs::write(&config_path, text).unwrap();
+        let mut s = Sluice {
+            child: None,
+            addr,
+            admin,
+            log_path: dir.path().join("sluice.log"),
+            config_path,
+            dir,
+        };
+        s.spawn(env);
+        s
+    }
+
+    fn spawn(&mut self, env: &[(&str, &str)]) {
+        let log = std::fs::File::create(&self.log_path).unwrap();
+        let mut cmd = Command::new(sluice_bin());
+        cmd.arg("run")
+            .arg("-c")
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "info");
+        }
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn sluice"));
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("sluice exited early ({status}):\n{}", self.log());
+            }
+            if std::net::TcpStream::connect(self.admin).is_ok()
+                && std::net::TcpStream::connect(self.addr).is_ok()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("sluice did not start listening:\n{}", self.log());
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{}", self.admin, path)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// Replace the config file's content (keeping the listen addresses) in place.
+    pub fn rewrite_config(&self, yaml: &str) {
+        let text = format!(
+            "listen: {}\nadmin_listen: {}\n{yaml}",
+            self.addr, self.admin
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&self.config_path)
+            .unwrap();
+        f.write_all(text.as_bytes()).unwrap();
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// SIGTERM and wait for the exit status (panics after 40 s).
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                return s;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("sluice did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Resident memory of the process in KiB (from /proc).
+    pub fn rss_kib(&self) -> u64 {
+        proc_status_kib(self.pid(), "VmRSS:")
+    }
+
+    /// Open file descriptors of the process.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.pid()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+pub fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+impl Drop for Sluice {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A response read whole.
+#[derive(Debug)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not json ({e}): {:?}", self.body))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+pub type HttpClient = Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+pub fn client() -> HttpClient {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// Send one request with optional headers and body; read the whole answer.
+pub async fn send(
+    c: &HttpClient,
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Reply {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let req = b.body(Full::new(Bytes::copy_from_slice(body))).unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(30), c.request(req))
+        .await
+        .expect("request timed out")
+        .expect("request failed");
+    let (parts, body) = res.into_parts();
+    let body = body.collect().await.expect("body").to_bytes();
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+pub async fn get(c: &HttpClient, url: &str, headers: &[(&str, &str)]) -> Reply {
+    send(c, Method::GET, url, headers, b"").await
+}
+
+/// Poll `f` until it returns true or `timeout` passes.
+pub async fn eventually<F, Fut>(timeout: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+/// The value of one Prometheus sample (`name{labels}`, labels in any order), 0 if absent.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let (series, value) = match line.rsplit_once(' ') {
+            Some(x) => x,
+            None => continue,
+        };
+        let (n, rest) = series.split_once('{').unwrap_or((series, "}"));
+        if n != name {
+            continue;
+        }
+        let rest = rest.trim_end_matches('}');
+        let ok = labels
+            .iter()
+            .all(|(k, v)| rest.split(',').any(|kv| kv == format!("{k}=\"{v}\"")));
+        if ok {
+            return value.parse().unwrap();
+        }
+    }
+    0.0
+}
