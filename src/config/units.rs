@@ -33,10 +33,11 @@ pub fn rate(s: &str) -> Result<(u64, Duration), String> {
     let n: u64 = n.trim().parse().map_err(|_| bad())?;
     let w = w.trim();
     let window = if w.starts_with(|c: char| c.is_ascii_digit()) {
-        duration(w)?
+        duration(w)
     } else {
-        duration(&format!("1{w}"))?
-    };
+        duration(&format!("1{w}"))
+    }
+    .map_err(|e| format!("invalid rate `{s}`: {e}"))?;
     Ok((n, window))
 }
 

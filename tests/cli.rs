@@ -1,0 +1,262 @@
+//! `sluice check` and `--version` through the real binary: exit codes, the summary, and
+//! every config error at its exact FILE:LINE:COL.
+
+mod support;
+
+use std::process::Command;
+
+fn check(yaml: &str) -> (i32, String, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(support::sluice_bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .env_remove("SLUICE_ADMIN_TOKEN")
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        path.display().to_string(),
+    )
+}
+
+/// The stderr lines, with the temp file's name replaced by `F`.
+fn errors(yaml: &str) -> Vec<String> {
+    let (code, _, err, path) = check(yaml);
+    assert_eq!(code, 1, "expected failure; stderr: {err}");
+    err.lines().map(|l| l.replacen(&path, "F", 1)).collect()
+}
+
+const OK: &str = "upstreams:
+  api: { targets: [http://127.0.0.1:3000] }
+routes:
+  - name: login
+    match: { path: /auth/login, methods: [POST] }
+    upstream: api
+    limits:
+      - name: per-ip
+        by: ip
+        algorithm: sliding_log
+        rate: 5/1m
+";
+
+#[test]
+fn valid_config_prints_summary_and_exits_0() {
+    let (code, out, err, _) = check(OK);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("OK, version "), "{out}");
+    assert!(out.contains("login"), "{out}");
+    assert!(out.contains("per-ip"), "{out}");
+    assert!(out.contains("sliding_log 5/1m"), "{out}");
+    assert!(out.contains("store memory"), "{out}");
+}
+
+#[test]
+fn the_shipped_default_config_is_valid() {
+    let out = Command::new(support::sluice_bin())
+        .args(["check", "-c", "config/sluice.yaml"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn config_path_defaults_to_env_var() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("env.yaml");
+    std::fs::write(&path, OK).unwrap();
+    let out = Command::new(support::sluice_bin())
+        .arg("check")
+        .env("SLUICE_CONFIG", &path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("env.yaml"));
+}
+
+#[test]
+fn version_flag() {
+    let out = Command::new(support::sluice_bin())
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("sluice {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn unknown_key_is_an_error_at_its_position() {
+    let e = errors("upstreams:\n  api: { targets: [http://127.0.0.1:1] }\nroutes:\n  - name: x\n    match: { path: / }\n    upstream: api\n    limits:\n      - name: l\n        by: ip\n        algorithm: gcra\n        rate: 5/s\n        burts: 3\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("F:12:9: "), "{e:?}");
+    assert!(e[0].contains("unknown field `burts`"), "{e:?}");
+}
+
+#[test]
+fn yaml_syntax_error_has_a_position() {
+    let e = errors("upstreams: {}\nroutes: [\n");
+    assert_eq!(e.len(), 1);
+    assert!(e[0].starts_with("F:3:1: "), "{e:?}");
+}
+
+#[test]
+fn every_semantic_error_is_reported_with_line_and_column() {
+    let yaml = r#"listen: 0.0.0.0:99999
+drain_timeout: 5 sec
+client_ip:
+  trusted_proxies: [10.0.0.0/33, 127.0.0.1]
+upstreams:
+  api:
+    targets: [http://127.0.0.1:3000, "ftp://x"]
+routes:
+  - name: login
+    match:
+      path: /auth/login
+    upstream: api
+    limits:
+      - name: per-ip
+        by: ip
+        algorithm: sliding_log
+        rate: 5/1x
+      - name: per-ip
+        by: [ip, bogus]
+        algorithm: fixed_window
+        rate: 10/1m
+        burst: 3
+      - name: cost
+        by: ip
+        algorithm: gcra
+        rate: 10/1m
+        cost: { header: X-Cost }
+      - name: big
+        by: ip
+        algorithm: sliding_log
+        rate: 10001/1m
+      - name: heavy
+        by: ip
+        algorithm: token_bucket
+        rate: 10/1m
+        cost: 11
+      - name: wide
+        by: ip
+        algorithm: gcra
+        rate: 10/1m
+        cost: { header: X-Cost, max: 20 }
+      - name: algo
+        by: ip
+        algorithm: leaky
+        rate: 1/s
+  - name: login
+    match: { path_regex: "([a-z" }
+    upstream: nope
+  - name: Bad Name
+    match: { path: /a, path_prefix: /b }
+    upstream: api
+"#;
+    let e = errors(yaml);
+    let expect = [
+        "F:1:1: invalid listen address",
+        "F:2:1: invalid duration `5 sec`",
+        "F:4:21: invalid CIDR `10.0.0.0/33`",
+        "F:7:38: target `ftp://x` must be http://HOST:PORT",
+        "F:17:9: invalid rate `5/1x`",
+        "F:18:9: duplicate limit name `per-ip`",
+        "F:19:9: unknown key `bogus` in `by`",
+        "F:22:9: `burst` applies to token_bucket, leaky_bucket and gcra, not fixed_window",
+        "F:27:9: a header cost needs `max`",
+        "F:31:9: sliding_log keeps one entry per admitted unit: at most 10000 per window",
+        "F:36:9: cost 11 must be from 1 to the limit's capacity 10",
+        "F:41:33: cost max 20 must be from 1 to the limit's capacity 10",
+        "F:44:9: unknown algorithm `leaky`",
+        "F:46:5: duplicate route name `login`",
+        "F:47:14: invalid regex",
+        "F:48:5: unknown upstream `nope`",
+        "F:49:5: route name `Bad Name` must be non-empty [a-z0-9_-]",
+        "F:50:5: match needs exactly one of `path`, `path_prefix`, `path_regex`",
+    ];
+    for (i, want) in expect.iter().enumerate() {
+        assert!(
+            e.get(i).is_some_and(|got| got.starts_with(want)),
+            "error {i}: want `{want}…`, got {:?}\nall: {e:#?}",
+            e.get(i)
+        );
+    }
+    assert_eq!(e.len(), expect.len(), "{e:#?}");
+}
+
+#[test]
+fn parameters_beyond_exact_arithmetic_are_rejected_but_the_spec_range_is_accepted() {
+    // Every N up to 10^7 with any window from 1 s to 7 d is accepted, for every algorithm.
+    for algo in [
+        "fixed_window",
+        "sliding_window",
+        "token_bucket",
+        "leaky_bucket",
+        "gcra",
+    ] {
+        for rate in ["10000000/1s", "10000000/7d", "1/7d", "1/1s"] {
+            let y = OK.replace("sliding_log", algo).replace("5/1m", rate);
+            let (code, _, err, _) = check(&y);
+            assert_eq!(code, 0, "{algo} {rate}: {err}");
+        }
+    }
+    // A burst whose capacity·interval reaches 2^53 cannot be decided exactly.
+    let y = OK
+        .replace("sliding_log", "gcra")
+        .replace("5/1m", "1/7d\n        burst: 100000000");
+    let e = errors(&y);
+    assert!(e[0].starts_with("F:12:9: parameters too large"), "{e:?}");
+    // Windows outside 1 s..7 d.
+    let e = errors(&OK.replace("5/1m", "5/500ms"));
+    assert!(
+        e[0].starts_with("F:11:9: window must be at least 1s"),
+        "{e:?}"
+    );
+    let e = errors(&OK.replace("5/1m", "5/8d"));
+    assert!(
+        e[0].starts_with("F:11:9: window must be at least 1s"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn non_loopback_admin_needs_a_token() {
+    let e = errors(&format!("admin_listen: 0.0.0.0:9090\n{OK}"));
+    assert!(
+        e[0].starts_with("F:1:1: admin_listen `0.0.0.0:9090` is not a loopback address"),
+        "{e:?}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, format!("admin_listen: 0.0.0.0:9090\n{OK}")).unwrap();
+    let out = Command::new(support::sluice_bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .env("SLUICE_ADMIN_TOKEN", "t")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+}
+
+#[test]
+fn missing_file_is_an_error() {
+    let out = Command::new(support::sluice_bin())
+        .args(["check", "-c", "/nonexistent/sluice.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .starts_with("/nonexistent/sluice.yaml:1:1: cannot read config"));
+}
