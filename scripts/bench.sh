@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Load test: direct-to-upstream vs through sluice, in one run, on this machine.
+#   scripts/bench.sh [DURATION]    (default 10s; needs wrk: apt-get install -y wrk)
+# sluice runs with ONE worker thread; wrk uses -t1 -c64 against a trivial upstream.
+# Prints requests/s, p99 latency and the ratio to direct for every scenario.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dur=${1:-10s}
+command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
+cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+UP=$(free_port); GW=$(free_port); ADM=$(free_port)
+tmp=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+
+target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+
+redis_routes=""
+if [ -n "${BENCH_REDIS:-}" ]; then redis_routes="$BENCH_REDIS"; fi
+
+cat > "$tmp/bench.yaml" <<YAML
+listen: 127.0.0.1:$GW
+admin_listen: 127.0.0.1:$ADM
+workers: 1
+upstreams:
+  up: { targets: [http://127.0.0.1:$UP] }
+routes:
+  - name: allow
+    match: { path_prefix: /allow }
+    upstream: up
+    limits:
+      - { name: per-ip, by: ip, algorithm: gcra, rate: 10000000/1s }
+  - name: deny
+    match: { path_prefix: /deny }
+    upstream: up
+    limits:
+      - { name: per-ip, by: ip, algorithm: fixed_window, rate: 1/7d }
+  - name: plain
+    match: { path_prefix: / }
+    upstream: up
+YAML
+RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/bench.yaml" 2>/dev/null & pids+=($!)
+sleep 1
+
+run() { # name url -> "rps p99_ms"
+  local out rps p99
+  out=$(wrk -t1 -c64 -d"$dur" --latency "$2")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
+  echo "$rps $p99"
+}
+
+curl -s -o /dev/null "http://127.0.0.1:$GW/deny"   # use up the single allowed request
+printf '%-28s %12s %10s %8s\n' scenario req/s p99_ms ratio
+read -r direct dp99 < <(run direct "http://127.0.0.1:$UP/")
+printf '%-28s %12.0f %10.2f %8s\n' "direct to upstream" "$direct" "$dp99" "1.00"
+for s in "plain:/plain" "limited, allow path:/allow" "limited, 429 path:/deny"; do
+  name=${s%%:*}; path=${s#*:}
+  read -r rps p99 < <(run "$name" "http://127.0.0.1:$GW$path")
+  printf '%-28s %12.0f %10.2f %8.2f\n' "sluice $name" "$rps" "$p99" "$(awk -v a="$rps" -v b="$direct" 'BEGIN{print a/b}')"
+done

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Run the whole test suite: installs what the tests need (real redis-server, redis-sentinel,
+# prometheus, faketime), then formatting, clippy and every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+for bin in redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel prometheus:prometheus faketime:faketime; do
+  command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "installing: ${need[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+cargo test --all-targets
