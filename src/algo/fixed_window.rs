@@ -1,15 +1,138 @@
-//! Placeholder: implemented in the algorithms branch.
-use super::{Params, Verdict};
+//! Fixed window: window k = floor(now / W), epoch-aligned; admit iff count + cost ≤ N.
+//!
+//! At most N per window, but up to 2N within any span shorter than W that straddles a
+//! boundary: that is the algorithm, not a bug.
+use super::{verdict, Code, Params, Verdict};
 
+/// Units admitted in window `window` (= floor(now / W)).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct State;
+pub struct State {
+    pub window: u64,
+    pub count: u64,
+}
 
-pub fn decide(
-    _p: &Params,
-    _s: &mut Option<State>,
-    _now: u64,
-    _cost: u64,
-    _commit: bool,
-) -> Verdict {
-    unimplemented!()
+/// A state from any other window counts nothing: an older one is over, and a future one
+/// (the store clock stepped back) belongs to a window that has not started; both read as fresh.
+pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
+    let (n, w) = (p.limit, p.window_us);
+    let k = now / w;
+    let to_end = w - now % w;
+    let count = match state {
+        Some(s) if s.window == k => s.count,
+        _ => 0,
+    };
+    let remaining = n.saturating_sub(count);
+    let reset = if count > 0 { to_end } else { 0 };
+    if cost > n {
+        return verdict(Code::CannotFit, n, remaining, 0, reset, None);
+    }
+    if cost == 0 {
+        return verdict(Code::Allowed, n, remaining, 0, reset, None);
+    }
+    if cost > remaining {
+        // The next window starts empty and cost ≤ N, so it passes exactly then.
+        return verdict(Code::Limited, n, remaining, to_end, reset, None);
+    }
+    let ttl = commit.then(|| {
+        *state = Some(State {
+            window: k,
+            count: count + cost,
+        });
+        to_end
+    });
+    verdict(Code::Allowed, n, remaining - cost, 0, to_end, ttl)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::testkit::{params, step};
+    use crate::algo::Algorithm::FixedWindow;
+    use crate::algo::State as Any;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    const S: u64 = 1_000_000;
+
+    #[test]
+    fn n_per_window_and_2n_across_a_boundary() {
+        let p = params(FixedWindow, 5, 10 * S, None);
+        let mut st = None;
+        let end = 7 * 10 * S; // a window boundary
+        let admitted_before = (0..20)
+            .filter(|_| step(&p, &mut st, end - 1, 1).decision.allowed())
+            .count();
+        let admitted_after = (0..20)
+            .filter(|_| step(&p, &mut st, end, 1).decision.allowed())
+            .count();
+        assert_eq!((admitted_before, admitted_after), (5, 5)); // 10 = 2N within 2 µs
+    }
+
+    #[test]
+    fn retry_reset_and_ttl_point_at_the_window_end() {
+        let p = params(FixedWindow, 2, 10 * S, None);
+        let mut st = None;
+        let now = 30 * S + 4 * S;
+        let d = step(&p, &mut st, now, 1);
+        assert_eq!(
+            (d.decision.remaining, d.decision.reset_after_us),
+            (1, 6 * S)
+        );
+        assert_eq!(d.ttl_us, Some(6 * S));
+        step(&p, &mut st, now, 1);
+        let d = step(&p, &mut st, now + 1, 1).decision;
+        assert_eq!(
+            (d.code, d.retry_after_us, d.remaining),
+            (Code::Limited, 6 * S - 1, 0)
+        );
+        assert!(step(&p, &mut st, 40 * S, 2).decision.allowed());
+    }
+
+    #[test]
+    fn empty_window_resets_at_zero_and_future_state_reads_fresh() {
+        let p = params(FixedWindow, 3, S, None);
+        let d = decide(&p, &mut None, 5 * S + 7, 0, true).decision;
+        assert_eq!((d.remaining, d.reset_after_us), (3, 0));
+        let mut st = Some(Any::FixedWindow(State {
+            window: 99,
+            count: 3,
+        }));
+        assert_eq!(step(&p, &mut st, 5 * S, 1).decision.remaining, 2);
+        assert_eq!(
+            st,
+            Some(Any::FixedWindow(State {
+                window: 5,
+                count: 1
+            }))
+        );
+    }
+
+    proptest! {
+        /// Reference model: a count per window, never more than N in any window.
+        #[test]
+        fn matches_a_per_window_count(
+            n in 1u64..20,
+            w in S..5 * S,
+            start in 0u64..1 << 52,
+            sched in proptest::collection::vec((0u64..3_000_000, 0u64..25), 1..80),
+        ) {
+            let p = params(FixedWindow, n, w, None);
+            let mut st = None;
+            let mut counts: HashMap<u64, u64> = HashMap::new();
+            let mut now = start;
+            for (dt, c) in sched {
+                now += dt;
+                let cost = c % (n + 2);
+                let v = step(&p, &mut st, now, cost);
+                let used = counts.entry(now / w).or_default();
+                let fits = *used + cost <= n && cost <= n;
+                prop_assert_eq!(v.decision.allowed(), fits || cost == 0);
+                if fits {
+                    *used += cost;
+                }
+                prop_assert_eq!(v.decision.remaining, n - *used);
+                prop_assert!(*used <= n);
+            }
+        }
+    }
 }

@@ -15,6 +15,9 @@ pub mod sliding_log;
 pub mod sliding_window;
 pub mod token_bucket;
 
+#[cfg(test)]
+pub(crate) mod testkit;
+
 /// Which algorithm a limit uses. The snake_case names are the config and key spelling.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Algorithm {
@@ -222,6 +225,27 @@ pub struct Verdict {
     pub ttl_us: Option<u64>,
 }
 
+/// Assemble a [`Verdict`]; shared by the algorithm modules.
+pub(crate) fn verdict(
+    code: Code,
+    limit: u64,
+    remaining: u64,
+    retry_after_us: u64,
+    reset_after_us: u64,
+    ttl_us: Option<u64>,
+) -> Verdict {
+    Verdict {
+        decision: Decision {
+            code,
+            limit,
+            remaining,
+            retry_after_us,
+            reset_after_us,
+        },
+        ttl_us,
+    }
+}
+
 /// Decide one request of `cost` units at store time `now` (µs).
 ///
 /// With `commit == false` this is a dry run: `state` is left exactly as it was whatever the
@@ -231,12 +255,13 @@ pub struct Verdict {
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     macro_rules! run {
         ($m:ident, $v:ident) => {{
-            let mut own = match state.take() {
-                Some(State::$v(s)) => Some(s),
-                _ => None,
+            // A foreign state is put back unless this call wrote over it.
+            let (mut own, foreign) = match state.take() {
+                Some(State::$v(s)) => (Some(s), None),
+                other => (None, other),
             };
             let verdict = $m::decide(p, &mut own, now, cost, commit);
-            *state = own.map(State::$v);
+            *state = own.map(State::$v).or(foreign);
             verdict
         }};
     }
@@ -247,5 +272,216 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         Algorithm::TokenBucket => run!(token_bucket, TokenBucket),
         Algorithm::LeakyBucket => run!(leaky_bucket, LeakyBucket),
         Algorithm::Gcra => run!(gcra, Gcra),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testkit::{params, peek, step};
+    use super::*;
+    use proptest::prelude::*;
+
+    const S: u64 = 1_000_000;
+    const YEAR: u64 = 365 * 86_400 * S;
+
+    fn algorithm() -> impl Strategy<Value = Algorithm> {
+        proptest::sample::select(Algorithm::ALL.to_vec())
+    }
+
+    /// Gaps between requests: same µs, sub-interval, around a window, long idle.
+    fn schedule() -> impl Strategy<Value = Vec<(u64, u64)>> {
+        let gap = prop_oneof![Just(0u64), 0u64..2_000, 0u64..3 * S, 0u64..30 * S];
+        proptest::collection::vec((gap, any::<u64>()), 1..60)
+    }
+
+    /// Mostly small costs, sometimes anything in 0..=C+1 (so code 2 shows up).
+    fn cost(raw: u64, cap: u64) -> u64 {
+        if raw & 1 == 0 {
+            (raw >> 1) % 3
+        } else {
+            (raw >> 1) % (cap + 2)
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn every_algorithm_keeps_the_contract(
+            a in algorithm(),
+            n in prop_oneof![1u64..20, 1u64..=10_000_000],
+            w in prop_oneof![S..10 * S, S..=Params::MAX_WINDOW_US],
+            burst in proptest::option::of(1u64..40),
+            start in 0u64..1 << 52,
+            sched in schedule(),
+        ) {
+            let n = if a == Algorithm::SlidingLog { n.min(200) } else { n };
+            let burst = burst.filter(|_| a.is_bucket());
+            let Ok(p) = Params::new(a, n, w, burst) else { return Ok(()) };
+            let mut st = None;
+            let mut now = start;
+            for (dt, raw) in sched {
+                now += dt;
+                step(&p, &mut st, now, cost(raw, p.capacity));
+            }
+        }
+
+        #[test]
+        fn buckets_and_gcra_decide_alike(
+            n in 1u64..30,
+            w in S..10 * S,
+            burst in proptest::option::of(1u64..40),
+            start in 0u64..1 << 52,
+            sched in schedule(),
+        ) {
+            let ps = [Algorithm::TokenBucket, Algorithm::LeakyBucket, Algorithm::Gcra]
+                .map(|a| params(a, n, w, burst));
+            let mut states: [Option<State>; 3] = Default::default();
+            let mut now = start;
+            for (dt, raw) in sched {
+                now += dt;
+                let c = cost(raw, ps[0].capacity);
+                let v: Vec<Verdict> = ps.iter().zip(&mut states).map(|(p, s)| step(p, s, now, c)).collect();
+                prop_assert_eq!(v[0], v[1]);
+                prop_assert_eq!(v[0], v[2]);
+            }
+        }
+    }
+
+    #[test]
+    fn extreme_params_decide_without_overflow() {
+        for a in Algorithm::ALL {
+            let n = if a == Algorithm::SlidingLog {
+                Params::MAX_SLIDING_LOG
+            } else {
+                10_000_000
+            };
+            for w in [Params::MIN_WINDOW_US, Params::MAX_WINDOW_US] {
+                let p = params(a, n, w, None);
+                let mut st = None;
+                for now in [0, 1, w - 1, w, 56 * YEAR, 56 * YEAR + w / 3, 200 * YEAR] {
+                    for cost in [1, n, 0, n + 1, 1] {
+                        step(&p, &mut st, now, cost);
+                    }
+                }
+                let d = step(&p, &mut None, 60 * YEAR, n).decision;
+                assert_eq!((d.code, d.remaining), (Code::Allowed, 0), "{a:?} {w}");
+            }
+        }
+    }
+
+    /// Corrupt, ancient and future states (trap 7) for each algorithm, at `now`.
+    fn garbage(p: &Params, now: u64) -> Vec<State> {
+        let (m, k, full) = (u64::MAX, now / p.window_us, p.capacity * p.interval_us);
+        let future = now + 3 * p.window_us;
+        match p.algorithm {
+            Algorithm::FixedWindow => [(k, m), (m, m), (0, m), (k + 1, 0), (k, 0)]
+                .map(|(window, count)| State::FixedWindow(fixed_window::State { window, count }))
+                .to_vec(),
+            Algorithm::SlidingLog => [
+                vec![m, 0, future, now],
+                vec![m; 3],
+                vec![0; 5],
+                vec![now; 1],
+            ]
+            .map(|e| State::SlidingLog(sliding_log::State::from_entries(e)))
+            .to_vec(),
+            Algorithm::SlidingWindow => [
+                (k, m, m),
+                (m, m, m),
+                (k - 1, m, 0),
+                (k + 1, 0, 0),
+                (k, 0, m),
+            ]
+            .map(|(window, cur, prev)| {
+                State::SlidingWindow(sliding_window::State { window, cur, prev })
+            })
+            .to_vec(),
+            Algorithm::TokenBucket => [
+                (m, 0),
+                (m, m),
+                (0, m),
+                (m, now - 20 * YEAR),
+                (m, future),
+                (0, 0),
+            ]
+            .map(|(tokens, t)| State::TokenBucket(token_bucket::State { tokens, t }))
+            .to_vec(),
+            Algorithm::LeakyBucket => [(m, 0), (0, m), (m, m), (0, now - 20 * YEAR), (0, future)]
+                .map(|(level, t)| State::LeakyBucket(leaky_bucket::State { level, t }))
+                .to_vec(),
+            Algorithm::Gcra => [0, m, now + full, now + full + 1, now - 20 * YEAR, future]
+                .map(|tat| State::Gcra(gcra::State { tat }))
+                .to_vec(),
+        }
+    }
+
+    #[test]
+    fn garbage_and_clock_steps_never_admit_more_than_capacity() {
+        let now = 56 * YEAR + 123_456;
+        for a in Algorithm::ALL {
+            let p = params(a, 4, 10 * S, None);
+            for g in garbage(&p, now) {
+                let mut st = Some(g.clone());
+                let burst = (0..20)
+                    .filter(|_| decide(&p, &mut st, now, 1, true).decision.allowed())
+                    .count();
+                assert!(burst as u64 <= p.capacity, "{a:?} {g:?}: {burst}");
+                // Whatever the start, a bucket then admits at most C + floor(τ / I) over τ.
+                let mut st = Some(g.clone());
+                let (mut total, mut t) = (0, now);
+                while t < now + 3 * p.window_us {
+                    total += decide(&p, &mut st, t, 1, true).decision.allowed() as u64;
+                    if a.is_bucket() {
+                        assert!(
+                            total <= p.capacity + (t - now) / p.interval_us,
+                            "{a:?} {g:?}"
+                        );
+                    }
+                    t += p.interval_us / 4;
+                }
+                for c in [0, 1, 4, 5] {
+                    let _ = peek(&p, &Some(g.clone()), now, c); // no panic, no write
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn first_request_on_a_fresh_bucket_of_ten_leaves_nine() {
+        for a in Algorithm::ALL {
+            let d = step(&params(a, 10, 60 * S, None), &mut None, 56 * YEAR, 1).decision;
+            assert_eq!(
+                (d.code, d.limit, d.remaining),
+                (Code::Allowed, 10, 9),
+                "{a:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn cost_above_capacity_is_code_2_and_writes_nothing() {
+        for a in Algorithm::ALL {
+            let p = params(a, 5, 60 * S, None);
+            let mut st = None;
+            step(&p, &mut st, 56 * YEAR, 2);
+            let before = st.clone();
+            let v = decide(&p, &mut st, 56 * YEAR + 9, 6, true);
+            assert_eq!(
+                (v.decision.code, v.decision.retry_after_us, v.ttl_us),
+                (Code::CannotFit, 0, None)
+            );
+            assert_eq!(v.decision.remaining, 3, "{a:?}");
+            assert_eq!(st, before);
+        }
+    }
+
+    #[test]
+    fn a_state_of_another_algorithm_reads_as_fresh() {
+        let p = params(Algorithm::Gcra, 3, 60 * S, None);
+        let mut st = Some(State::FixedWindow(fixed_window::State {
+            window: 0,
+            count: 9,
+        }));
+        assert_eq!(step(&p, &mut st, 56 * YEAR, 1).decision.remaining, 2);
+        assert!(matches!(st, Some(State::Gcra(_))));
     }
 }

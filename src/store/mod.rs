@@ -20,6 +20,15 @@ pub struct LimitCall {
     pub shadow: bool,
 }
 
+/// Whether a request passes, given its limits and their decisions (in the same order): every
+/// non-shadow limit must have admitted it.
+pub fn request_allowed(calls: &[LimitCall], decisions: &[Decision]) -> bool {
+    calls
+        .iter()
+        .zip(decisions)
+        .all(|(c, d)| c.shadow || d.allowed())
+}
+
 /// A peek at one key without consuming: the state as a cost-0 and a cost-1 request see it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Peek {

@@ -1,0 +1,93 @@
+//! Test helpers: every decision made through [`step`] is checked against the contract that
+//! all six algorithms share (dry run = commit, code 2 and limits write nothing, peeks write
+//! nothing, admitted iff cost ≤ remaining, exact retry and reset, TTL leaves a fresh key).
+use super::{decide, Algorithm, Code, Decision, Params, State, Verdict};
+
+pub fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
+    Params::new(a, n, w, burst).expect("valid params")
+}
+
+/// A dry run that must leave the state as it was.
+pub fn peek(p: &Params, st: &Option<State>, now: u64, cost: u64) -> Decision {
+    let mut copy = st.clone();
+    let v = decide(p, &mut copy, now, cost, false);
+    assert_eq!(&copy, st, "dry run changed the state");
+    assert_eq!(v.ttl_us, None, "dry run reported a write");
+    v.decision
+}
+
+/// Decide and commit one request, asserting the shared contract around it.
+pub fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let before = st.clone();
+    let dry = peek(p, st, now, cost);
+    let now0 = peek(p, st, now, 0);
+    let v = decide(p, st, now, cost, true);
+    let d = v.decision;
+    assert_eq!(d, dry, "commit and dry run disagree");
+    assert_eq!(d.limit, p.capacity);
+    assert!(d.remaining <= d.limit);
+    assert!(now0.allowed() && now0.retry_after_us == 0);
+    let unchanged = |st: &Option<State>| assert_eq!(st, &before, "{d:?} changed the state");
+    match d.code {
+        Code::CannotFit => {
+            assert!(cost > p.capacity);
+            assert_eq!((d.retry_after_us, v.ttl_us), (0, None));
+            unchanged(st);
+        }
+        Code::Limited => {
+            assert!(cost > now0.remaining && cost <= p.capacity);
+            assert_eq!(v.ttl_us, None);
+            unchanged(st);
+            let r = d.retry_after_us;
+            assert!(r > 0);
+            assert_eq!(
+                peek(p, st, now + r - 1, cost).code,
+                Code::Limited,
+                "retry too long"
+            );
+            assert!(
+                peek(p, st, now + r, cost).allowed(),
+                "retry too short: {d:?}"
+            );
+        }
+        Code::Allowed => {
+            assert!(cost <= now0.remaining, "admitted beyond remaining");
+            assert_eq!((d.remaining, d.retry_after_us), (now0.remaining - cost, 0));
+            if cost == 0 {
+                assert_eq!(v.ttl_us, None);
+                unchanged(st);
+            } else {
+                let ttl = v.ttl_us.expect("an admission writes");
+                assert!(ttl >= 1 && ttl >= d.reset_after_us);
+                for c in [0, 1, p.capacity] {
+                    let later = now + ttl;
+                    assert_eq!(
+                        peek(p, st, later, c),
+                        peek(p, &None, later, c),
+                        "alive past TTL"
+                    );
+                }
+            }
+        }
+    }
+    let full = peek(p, st, now, 0);
+    assert_eq!(
+        (full.remaining, full.reset_after_us),
+        (d.remaining, d.reset_after_us)
+    );
+    if full.reset_after_us == 0 {
+        assert_eq!(full.remaining, full.limit, "not full but reset 0");
+    } else {
+        let r = full.reset_after_us;
+        assert!(
+            peek(p, st, now + r - 1, 0).remaining < full.limit,
+            "reset too long"
+        );
+        assert_eq!(
+            peek(p, st, now + r, 0).remaining,
+            full.limit,
+            "reset too short"
+        );
+    }
+    v
+}
