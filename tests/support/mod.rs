@@ -16,6 +16,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+#[allow(unused_imports)]
 pub use upstream::Upstream;
 
 /// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
