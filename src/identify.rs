@@ -219,6 +219,60 @@ impl JwtSource {
     }
 }
 
+/// The identity facts of one request, each computed at most once and only if a limit asks.
+pub struct Identity<'a> {
+    pub client_ip: IpAddr,
+    /// The `by: ip` value: the client IP, IPv6 grouped by prefix.
+    pub ip_key: String,
+    headers: &'a HeaderMap,
+    query: Option<&'a str>,
+    sources: &'a IdentitySources,
+    api_key: std::cell::OnceCell<Option<String>>,
+    user: std::cell::OnceCell<Option<String>>,
+}
+
+impl<'a> Identity<'a> {
+    pub fn new(
+        peer: IpAddr,
+        headers: &'a HeaderMap,
+        query: Option<&'a str>,
+        rules: &ClientIpRules,
+        sources: &'a IdentitySources,
+    ) -> Self {
+        let client_ip = rules.client_ip(peer, headers);
+        Identity {
+            client_ip,
+            ip_key: rules.group(client_ip),
+            headers,
+            query,
+            sources,
+            api_key: Default::default(),
+            user: Default::default(),
+        }
+    }
+
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key
+            .get_or_init(|| self.sources.api_key(self.headers, self.query))
+            .as_deref()
+    }
+
+    pub fn user(&self) -> Option<&str> {
+        self.user
+            .get_or_init(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                self.sources.user(self.headers, now)
+            })
+            .as_deref()
+    }
+
+    pub fn header(&self, name: &HeaderName) -> Option<String> {
+        header_value(self.headers, name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,59 +441,5 @@ mod tests {
         assert_eq!(s.user(&h(&[("authorization", "Bearer x.y")]), 1000), None);
         // The plain user header is not believed when JWT is configured.
         assert_eq!(s.user(&h(&[("x-user-id", "mallory")]), 1000), None);
-    }
-}
-
-/// The identity facts of one request, each computed at most once and only if a limit asks.
-pub struct Identity<'a> {
-    pub client_ip: IpAddr,
-    /// The `by: ip` value: the client IP, IPv6 grouped by prefix.
-    pub ip_key: String,
-    headers: &'a HeaderMap,
-    query: Option<&'a str>,
-    sources: &'a IdentitySources,
-    api_key: std::cell::OnceCell<Option<String>>,
-    user: std::cell::OnceCell<Option<String>>,
-}
-
-impl<'a> Identity<'a> {
-    pub fn new(
-        peer: IpAddr,
-        headers: &'a HeaderMap,
-        query: Option<&'a str>,
-        rules: &ClientIpRules,
-        sources: &'a IdentitySources,
-    ) -> Self {
-        let client_ip = rules.client_ip(peer, headers);
-        Identity {
-            client_ip,
-            ip_key: rules.group(client_ip),
-            headers,
-            query,
-            sources,
-            api_key: Default::default(),
-            user: Default::default(),
-        }
-    }
-
-    pub fn api_key(&self) -> Option<&str> {
-        self.api_key
-            .get_or_init(|| self.sources.api_key(self.headers, self.query))
-            .as_deref()
-    }
-
-    pub fn user(&self) -> Option<&str> {
-        self.user
-            .get_or_init(|| {
-                let now = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_secs());
-                self.sources.user(self.headers, now)
-            })
-            .as_deref()
-    }
-
-    pub fn header(&self, name: &HeaderName) -> Option<String> {
-        header_value(self.headers, name)
     }
 }

@@ -44,8 +44,15 @@ impl Positions {
 }
 
 enum Frame {
-    Map { path: String, key: Option<String> },
-    Seq { path: String, next: usize },
+    Map {
+        path: String,
+        key: Option<String>,
+        first: bool,
+    },
+    Seq {
+        path: String,
+        next: usize,
+    },
 }
 
 #[derive(Default)]
@@ -84,6 +91,7 @@ impl MarkedEventReceiver for Builder {
                 if let Some(Frame::Map {
                     path,
                     key: key @ None,
+                    first,
                 }) = self.stack.last_mut()
                 {
                     let p = if path.is_empty() {
@@ -91,6 +99,11 @@ impl MarkedEventReceiver for Builder {
                     } else {
                         format!("{path}.{value}")
                     };
+                    // A list item that is a block mapping is reported after its first key;
+                    // that key's own position is where a person sees the item begin.
+                    if std::mem::take(first) && path.ends_with(']') {
+                        self.map.insert(path.clone(), pos(mark));
+                    }
                     self.map.insert(p.clone(), pos(mark));
                     *key = Some(p);
                 } else {
@@ -102,7 +115,11 @@ impl MarkedEventReceiver for Builder {
             }
             Event::MappingStart(..) => {
                 let path = self.value_path(mark).unwrap_or_default();
-                self.stack.push(Frame::Map { path, key: None });
+                self.stack.push(Frame::Map {
+                    path,
+                    key: None,
+                    first: true,
+                });
             }
             Event::SequenceStart(..) => {
                 let path = self.value_path(mark).unwrap_or_default();
@@ -135,6 +152,6 @@ mod tests {
     #[test]
     fn flow_mappings_are_indexed() {
         let p = Positions::index("m: { path_prefix: /, host: x }\n");
-        assert_eq!(p.of("m.host"), Pos { line: 1, col: 23 });
+        assert_eq!(p.of("m.host"), Pos { line: 1, col: 22 });
     }
 }
