@@ -59,6 +59,8 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
             if new.$field != old.$field {
                 restart.push(stringify!($field));
                 new.$field = old.$field.clone();
+                // `/admin/config` shows what runs, not what waits for a restart.
+                new.file.$field = old.file.$field.clone();
             }
         )*};
     }
