@@ -92,6 +92,7 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
     let version = new.version.clone();
+    gw.metrics.init_series(&new);
     gw.table.store(Arc::new(new));
     gw.metrics.forget(&gone_routes, &gone_limits);
     gw.metrics.set_config_version(Some(&old.version), &version);
