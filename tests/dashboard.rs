@@ -270,6 +270,9 @@ fn matches(series: &Value, labels: &[(&str, &str)]) -> bool {
         .all(|(k, v)| series["metric"][*k].as_str() == Some(*v))
 }
 
+/// Per panel title: series (by labels) that its queries must return.
+type Expectations<'a> = Vec<(&'a str, Vec<(Vec<(&'a str, &'a str)>, Want)>)>;
+
 #[derive(Clone, Copy, PartialEq)]
 enum Want {
     /// A series with these labels exists.
@@ -362,7 +365,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
 
     let version = sluice::config::version_of(&std::fs::read_to_string(&s.config_path).unwrap());
     use Want::*;
-    let expectations: Vec<(&str, Vec<(Vec<(&str, &str)>, Want)>)> = vec![
+    let expectations: Expectations = vec![
         (
             "Requests per second by route and outcome",
             vec![
