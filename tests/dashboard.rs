@@ -58,13 +58,14 @@ fn exprs(p: &Value) -> Vec<&str> {
         .unwrap_or_default()
 }
 
-/// What Grafana would send with every variable at "All" and a 1 s scrape interval.
+/// What Grafana would send with every variable at "All" (a rate window wide enough to hold
+/// the zero samples scraped before the traffic started).
 fn substitute(expr: &str) -> String {
     expr.replace("${route}", ".*")
         .replace("$route", ".*")
         .replace("${limit}", ".*")
         .replace("$limit", ".*")
-        .replace("$__rate_interval", "15s")
+        .replace("$__rate_interval", "30s")
         .replace("$__interval", "5s")
         .replace("$__range", "5m")
 }
