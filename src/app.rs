@@ -29,6 +29,7 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
     };
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
+    metrics.init_series(&table);
     let last_seen = std::fs::read_to_string(&config_path)
         .map(|t| crate::config::version_of(&t))
         .unwrap_or_default();

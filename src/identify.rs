@@ -159,7 +159,8 @@ pub fn header_value(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
     (!v.is_empty()).then(|| v.to_owned())
 }
 
-fn percent_decode(s: &str) -> String {
+/// `application/x-www-form-urlencoded` decoding: `+` is a space, bad escapes stay as they are.
+pub(crate) fn percent_decode(s: &str) -> String {
     let hex = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

@@ -5,6 +5,8 @@ use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::table::Table;
+
 pub struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
@@ -55,7 +57,7 @@ impl Metrics {
                 .expect("unique metric");
             g
         };
-        Metrics {
+        let m = Metrics {
             requests: counter(
                 "sluice_requests_total",
                 "Requests by route and outcome.",
@@ -105,6 +107,33 @@ impl Metrics {
                 &["version"],
             ),
             registry,
+        };
+        for kind in STORE_ERROR_KINDS {
+            m.store_errors.with_label_values(&[kind]);
+        }
+        for result in ["success", "error"] {
+            m.reloads.with_label_values(&[result]);
+        }
+        m
+    }
+
+    /// Create at zero every counter and gauge series the loaded config can produce, so a
+    /// dashboard shows 0 rather than "No data" and `rate()` sees the first increment.
+    /// Histograms appear with their first observation.
+    pub fn init_series(&self, table: &Table) {
+        self.requests.with_label_values(&["_none", "no_route"]);
+        for route in &table.routes {
+            let name: &str = &route.name;
+            for outcome in OUTCOMES.iter().filter(|o| **o != "no_route") {
+                self.requests.with_label_values(&[name, outcome]);
+            }
+            self.inflight.with_label_values(&[name]);
+            for rule in &route.limits {
+                for d in DECISIONS {
+                    self.limit_decisions
+                        .with_label_values(&[name, &rule.name, d]);
+                }
+            }
         }
     }
 
@@ -138,7 +167,7 @@ impl Metrics {
             let _ = self.inflight.remove_label_values(&[route]);
         }
         for (route, limit) in limits {
-            for d in ["allowed", "limited", "shadow_limited", "error"] {
+            for d in DECISIONS {
                 let _ = self.limit_decisions.remove_label_values(&[route, limit, d]);
             }
         }
@@ -155,6 +184,12 @@ pub const OUTCOMES: [&str; 8] = [
     "no_route",
     "upstream_error",
 ];
+
+/// The `decision` label of `sluice_limit_decisions_total`.
+pub const DECISIONS: [&str; 4] = ["allowed", "limited", "shadow_limited", "error"];
+
+/// The `kind` label of `sluice_store_errors_total` (see `StoreError::kind`).
+pub const STORE_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "breaker_open"];
 
 const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
 

@@ -40,6 +40,23 @@ pub struct Gateway {
     pub last_seen: parking_lot::Mutex<String>,
 }
 
+/// Counts one request in `sluice_inflight_requests` until dropped: at the end of `handle`,
+/// or when hyper drops the request's future because the client went away mid-request.
+struct Inflight(prometheus::IntGauge);
+
+impl Inflight {
+    fn enter(gauge: prometheus::IntGauge) -> Inflight {
+        gauge.inc();
+        Inflight(gauge)
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// What the log phase needs to know about a finished request.
 struct Record<'a> {
     route: Option<&'a Route>,
@@ -87,8 +104,7 @@ impl Gateway {
             );
             return res;
         };
-        let inflight = self.metrics.inflight.with_label_values(&[&route.name]);
-        inflight.inc();
+        let inflight = Inflight::enter(self.metrics.inflight.with_label_values(&[&route.name]));
 
         // 2. Identify, 3. limit.
         let plan = {
@@ -190,7 +206,7 @@ impl Gateway {
         res.headers_mut().insert(X_REQUEST_ID, rid.clone());
 
         // 6. Log and count.
-        inflight.dec();
+        drop(inflight);
         self.log(
             &parts,
             &rid,

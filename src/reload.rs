@@ -59,6 +59,8 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
             if new.$field != old.$field {
                 restart.push(stringify!($field));
                 new.$field = old.$field.clone();
+                // `/admin/config` shows what runs, not what waits for a restart.
+                new.file.$field = old.file.$field.clone();
             }
         )*};
     }
@@ -90,6 +92,7 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
     let version = new.version.clone();
+    gw.metrics.init_series(&new);
     gw.table.store(Arc::new(new));
     gw.metrics.forget(&gone_routes, &gone_limits);
     gw.metrics.set_config_version(Some(&old.version), &version);

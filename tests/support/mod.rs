@@ -32,7 +32,10 @@ pub fn free_port() -> u16 {
 pub struct Sluice {
     child: Option<Child>,
     pub addr: SocketAddr,
+    /// Where tests reach the admin listener (always on 127.0.0.1).
     pub admin: SocketAddr,
+    /// The `admin_listen` written in the config (see [`Sluice::start_admin_on`]).
+    pub admin_listen: SocketAddr,
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     pub dir: tempfile::TempDir,
@@ -50,16 +53,26 @@ impl Sluice {
 
     /// Like [`Sluice::start`], with extra environment variables for the process.
     pub fn start_with(yaml: &str, env: &[(&str, &str)]) -> Sluice {
+        Sluice::start_admin_on(yaml, env, "127.0.0.1")
+    }
+
+    /// Like [`Sluice::start_with`], with `admin_listen` on `admin_ip` (e.g. `0.0.0.0`, which
+    /// is not loopback and so needs `SLUICE_ADMIN_TOKEN` in `env`). Tests still reach the
+    /// admin listener at 127.0.0.1.
+    pub fn start_admin_on(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
         let dir = tempfile::tempdir().unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let admin: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let port = free_port();
+        let admin: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let admin_listen: SocketAddr = format!("{admin_ip}:{port}").parse().unwrap();
         let config_path = dir.path().join("sluice.yaml");
-        let text = format!("listen: {addr}\nadmin_listen: {admin}\n{yaml}");
+        let text = format!("listen: {addr}\nadmin_listen: {admin_listen}\n{yaml}");
         std::fs::write(&config_path, text).unwrap();
         let mut s = Sluice {
             child: None,
             addr,
             admin,
+            admin_listen,
             log_path: dir.path().join("sluice.log"),
             config_path,
             dir,
@@ -123,7 +136,7 @@ impl Sluice {
     pub fn rewrite_config(&self, yaml: &str) {
         let text = format!(
             "listen: {}\nadmin_listen: {}\n{yaml}",
-            self.addr, self.admin
+            self.addr, self.admin_listen
         );
         let mut f = std::fs::OpenOptions::new()
             .write(true)
@@ -131,6 +144,25 @@ impl Sluice {
             .open(&self.config_path)
             .unwrap();
         f.write_all(text.as_bytes()).unwrap();
+    }
+
+    /// Replace the config file atomically (write a sibling, rename over), as editors and
+    /// config-management tools do: a reload never sees a half-written file.
+    pub fn replace_config(&self, yaml: &str) {
+        let text = format!(
+            "listen: {}\nadmin_listen: {}\n{yaml}",
+            self.addr, self.admin_listen
+        );
+        let tmp = self.dir.path().join(".sluice.yaml.tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.config_path).unwrap();
+    }
+
+    /// The admin listener's `/metrics` text.
+    pub async fn metrics(&self, c: &HttpClient) -> String {
+        let r = get(c, &self.admin_url("/metrics"), &[]).await;
+        assert_eq!(r.status, 200, "{}", self.log());
+        r.text()
     }
 
     pub fn signal(&self, sig: &str) {

@@ -1,0 +1,329 @@
+//! `GET|DELETE /admin/limits/{route}/{limit}?key=VALUE`: peek at one identity's state
+//! without consuming, or reset it.
+//!
+//! `key` is the raw identity (an IP, an API key, a user id, a header value); a composite
+//! key's parts are joined with `|` in the order of `by` (the last part may itself contain
+//! `|`); `by: route` takes no key. `fallback_ip=IP` instead names the key a request without
+//! the identity falls back to under `on_missing: ip`. The store key is derived exactly as
+//! the request path derives it.
+
+use serde_json::json;
+
+use super::{json_reply, no_content, problem, Body};
+use crate::config::file::OnMissing;
+use crate::headers::ratelimit::retry_after_secs;
+use crate::identify::{percent_decode, ClientIpRules};
+use crate::limit::{store_key, KeyPart, LimitRule};
+use crate::proxy::Gateway;
+use crate::table::Table;
+use http::{Response, StatusCode};
+
+pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
+    let table = gw.table.load_full();
+    let (rule, key) = match target(&table, route, limit, query) {
+        Ok(t) => t,
+        Err(res) => return res,
+    };
+    match gw.store.peek(&key, &rule.params).await {
+        Ok(p) => {
+            let retry = if p.next.allowed() {
+                0
+            } else {
+                retry_after_secs(p.next.retry_after_us)
+            };
+            json_reply(
+                StatusCode::OK,
+                &json!({
+                    "route": route,
+                    "limit": limit,
+                    "algorithm": rule.params.algorithm.name(),
+                    "quota": rule.params.limit,
+                    "remaining": p.now.remaining,
+                    "reset_seconds": p.now.reset_after_us.div_ceil(1_000_000),
+                    "retry_after_seconds": retry,
+                }),
+            )
+        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &format!("store: {e}")),
+    }
+}
+
+pub async fn reset(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
+    let table = gw.table.load_full();
+    let (_, key) = match target(&table, route, limit, query) {
+        Ok(t) => t,
+        Err(res) => return res,
+    };
+    match gw.store.reset(&key).await {
+        Ok(()) => {
+            // `on_error: local` may have decided this key in the embedded store meanwhile.
+            gw.local.reset(&key);
+            tracing::info!(route, limit, "limit state reset through the admin API");
+            no_content()
+        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &format!("store: {e}")),
+    }
+}
+
+/// The limit named by the path and the store key named by the query.
+#[allow(clippy::result_large_err)]
+fn target<'t>(
+    table: &'t Table,
+    route: &str,
+    limit: &str,
+    query: Option<&str>,
+) -> Result<(&'t LimitRule, String), Response<Body>> {
+    let Some(r) = table.route(route) else {
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            &format!("no route `{route}`"),
+        ));
+    };
+    let Some(rule) = r.limits.iter().find(|l| l.name.as_ref() == limit) else {
+        return Err(problem(
+            StatusCode::NOT_FOUND,
+            &format!("route `{route}` has no limit `{limit}`"),
+        ));
+    };
+    let key = param(query, "key");
+    let fallback = param(query, "fallback_ip");
+    let material = match (key, fallback) {
+        (Some(_), Some(_)) => Err("give `key` or `fallback_ip`, not both".to_string()),
+        (None, Some(ip)) => fallback_material(rule, &ip, &table.client_ip),
+        (key, None) => material(rule, key.as_deref(), &table.client_ip),
+    }
+    .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
+    Ok((rule, store_key(rule, &material)))
+}
+
+/// The decoded value of `name` in a query string.
+fn param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (percent_decode(k) == name).then(|| percent_decode(v))
+    })
+}
+
+/// The identity material of a raw `key`, as `limit::identity_material` builds it from a
+/// request: parts in `by` order joined by NUL, IPs grouped like the request path groups them.
+fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<String, String> {
+    if rule.by == [KeyPart::Route] {
+        return match key {
+            Some(k) if !k.is_empty() => Err(format!(
+                "limit `{}` is shared by the whole route (by: route): omit `key`",
+                rule.name
+            )),
+            _ => Ok(String::new()),
+        };
+    }
+    let names: Vec<String> = rule.by.iter().map(part_name).collect();
+    let Some(key) = key.filter(|k| !k.is_empty()) else {
+        return Err(format!(
+            "`key` is required: the raw {} value",
+            names.join("|")
+        ));
+    };
+    let raw: Vec<&str> = key.splitn(rule.by.len(), '|').collect();
+    if raw.len() != rule.by.len() {
+        return Err(format!(
+            "limit `{}` is keyed by {}: give {} parts joined with `|`",
+            rule.name,
+            names.join(", "),
+            rule.by.len()
+        ));
+    }
+    let mut material = String::new();
+    for (i, (part, value)) in rule.by.iter().zip(raw).enumerate() {
+        let value = match part {
+            KeyPart::Ip => ip_key(value, ips)?,
+            KeyPart::Header(_) => value.trim().to_string(),
+            _ => value.to_string(),
+        };
+        if value.is_empty() {
+            return Err(format!("the {} part of `key` is empty", names[i]));
+        }
+        if i > 0 {
+            material.push('\0');
+        }
+        material.push_str(&value);
+    }
+    Ok(material)
+}
+
+/// The material of the `on_missing: ip` fallback (see `limit::identity_material`).
+fn fallback_material(rule: &LimitRule, ip: &str, ips: &ClientIpRules) -> Result<String, String> {
+    if rule.on_missing != OnMissing::Ip || rule.by == [KeyPart::Ip] || rule.by == [KeyPart::Route] {
+        return Err(format!(
+            "limit `{}` has no per-IP fallback key (it needs on_missing: ip and another `by`)",
+            rule.name
+        ));
+    }
+    Ok(format!("\u{1}ip\0{}", ip_key(ip, ips)?))
+}
+
+/// `by: ip` identity of an address: IPv4 as is, IPv6 grouped by the configured prefix.
+/// Accepts `1.2.3.4`, `2001:db8::1`, `[2001:db8::1]` and a grouped `2001:db8::/64`.
+fn ip_key(s: &str, ips: &ClientIpRules) -> Result<String, String> {
+    let s = s.trim();
+    let bare = s.split_once('/').map_or(s, |(a, _)| a);
+    let bare = bare
+        .strip_prefix('[')
+        .and_then(|b| b.strip_suffix(']'))
+        .unwrap_or(bare);
+    bare.parse()
+        .map(|ip| ips.group(ip))
+        .map_err(|_| format!("`{s}` is not an IP address"))
+}
+
+fn part_name(p: &KeyPart) -> String {
+    match p {
+        KeyPart::Ip => "ip".into(),
+        KeyPart::ApiKey => "api_key".into(),
+        KeyPart::User => "user".into(),
+        KeyPart::Header(h) => format!("header:{h}"),
+        KeyPart::Route => "route".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::load_str;
+    use crate::identify::Identity;
+    use crate::limit::identity_material;
+    use http::{HeaderMap, HeaderValue};
+
+    const CONFIG: &str = "
+client_ip: { ipv6_prefix: 48 }
+upstreams:
+  up: { targets: ['http://127.0.0.1:9'] }
+routes:
+  - name: r
+    match: { path_prefix: / }
+    upstream: up
+    limits:
+      - { name: by-ip, by: ip, algorithm: fixed_window, rate: 5/1m }
+      - { name: by-key, by: api_key, algorithm: gcra, rate: 5/1m }
+      - { name: by-user, by: user, algorithm: token_bucket, rate: 5/1m, on_missing: skip }
+      - { name: by-header, by: 'header:X-Tenant', algorithm: sliding_log, rate: 5/1m }
+      - { name: combo, by: [api_key, ip, 'header:X-Tenant', user], algorithm: fixed_window, rate: 5/1m }
+      - { name: whole, by: route, algorithm: fixed_window, rate: 5/1m }
+";
+
+    fn table() -> Table {
+        load_str("t.yaml", CONFIG).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn rule<'t>(t: &'t Table, name: &str) -> &'t LimitRule {
+        t.routes[0]
+            .limits
+            .iter()
+            .find(|l| l.name.as_ref() == name)
+            .unwrap()
+    }
+
+    /// The key the admin API derives equals the key a real request derives.
+    #[test]
+    fn admin_keys_match_request_keys() {
+        let t = table();
+        let mut h = HeaderMap::new();
+        h.insert("x-api-key", HeaderValue::from_static("k|1"));
+        h.insert("x-user-id", HeaderValue::from_static("alice"));
+        h.insert("x-tenant", HeaderValue::from_static(" acme "));
+        for (peer, admin_ip) in [
+            ("203.0.113.7", "203.0.113.7"),
+            ("2001:db8:1:2::9", "2001:db8:1:ffff::1"),
+            ("::ffff:198.51.100.1", "198.51.100.1"),
+        ] {
+            let who = Identity::new(peer.parse().unwrap(), &h, None, &t.client_ip, &t.identities);
+            for (limit, key) in [
+                ("by-ip", admin_ip.to_string()),
+                ("by-key", "k|1".to_string()),
+                ("by-user", "alice".to_string()),
+                ("by-header", "acme".to_string()),
+                ("combo", format!("k|1|{admin_ip}|acme|alice")),
+            ] {
+                let r = rule(&t, limit);
+                let want = identity_material(r, &who).unwrap().unwrap();
+                // A composite key's `|` separates parts, so only the last part may hold one.
+                if limit == "combo" {
+                    assert!(material(r, Some(&key), &t.client_ip).is_err());
+                    let mut h2 = h.clone();
+                    h2.insert("x-user-id", HeaderValue::from_static("al|ice"));
+                    h2.insert("x-api-key", HeaderValue::from_static("k1"));
+                    let who2 = Identity::new(
+                        peer.parse().unwrap(),
+                        &h2,
+                        None,
+                        &t.client_ip,
+                        &t.identities,
+                    );
+                    assert_eq!(
+                        material(r, Some(&format!("k1|{admin_ip}|acme|al|ice")), &t.client_ip)
+                            .unwrap(),
+                        identity_material(r, &who2).unwrap().unwrap()
+                    );
+                    continue;
+                }
+                assert_eq!(
+                    material(r, Some(&key), &t.client_ip).unwrap(),
+                    want,
+                    "{limit} {peer}"
+                );
+            }
+            let whole = rule(&t, "whole");
+            assert_eq!(
+                material(whole, None, &t.client_ip).unwrap(),
+                identity_material(whole, &who).unwrap().unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn fallback_key_matches_a_request_without_the_identity() {
+        let t = table();
+        let h = HeaderMap::new();
+        let who = Identity::new(
+            "203.0.113.7".parse().unwrap(),
+            &h,
+            None,
+            &t.client_ip,
+            &t.identities,
+        );
+        let r = rule(&t, "by-key");
+        assert_eq!(
+            fallback_material(r, "203.0.113.7", &t.client_ip).unwrap(),
+            identity_material(r, &who).unwrap().unwrap()
+        );
+        assert!(fallback_material(rule(&t, "by-user"), "1.2.3.4", &t.client_ip).is_err());
+        assert!(fallback_material(rule(&t, "by-ip"), "1.2.3.4", &t.client_ip).is_err());
+    }
+
+    #[test]
+    fn bad_keys_are_explained() {
+        let t = table();
+        let ips = &t.client_ip;
+        assert!(material(rule(&t, "by-ip"), None, ips)
+            .unwrap_err()
+            .contains("required"));
+        assert!(material(rule(&t, "by-ip"), Some("nope"), ips)
+            .unwrap_err()
+            .contains("not an IP"));
+        assert!(material(rule(&t, "combo"), Some("k1|1.2.3.4"), ips)
+            .unwrap_err()
+            .contains("4 parts"));
+        assert!(material(rule(&t, "combo"), Some("k1||acme|bob"), ips).is_err());
+        assert!(material(rule(&t, "whole"), Some("x"), ips).is_err());
+        assert_eq!(material(rule(&t, "whole"), Some(""), ips).unwrap(), "");
+    }
+
+    #[test]
+    fn query_params_are_form_decoded() {
+        assert_eq!(
+            param(Some("a=1&key=k%7C1%20x+y"), "key").as_deref(),
+            Some("k|1 x y")
+        );
+        assert_eq!(param(Some("keyx=1"), "key"), None);
+        assert_eq!(param(None, "key"), None);
+    }
+}

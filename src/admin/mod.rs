@@ -1,0 +1,247 @@
+//! The admin listener (SPEC §5): `/metrics`, `/healthz`, `/readyz` for scrapers and probes,
+//! and the `/admin/*` API for operators. Nothing here runs on the request path.
+//!
+//! When `admin_listen` is not a loopback address, every `/admin/*` call needs
+//! `Authorization: Bearer $SLUICE_ADMIN_TOKEN`; the scrape and probe endpoints stay open.
+
+mod config;
+mod limits;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::body::{empty, full, Body};
+use crate::config::compile::ADMIN_TOKEN_ENV;
+use crate::headers::request_id::{self, X_REQUEST_ID};
+use crate::proxy::Gateway;
+use crate::reload::{reload, Trigger};
+
+/// How long `/readyz` waits for the store before calling it unready.
+const READY_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+    let rid = request_id::get_or_make(req.headers());
+    let mut res = route(gw, req).await;
+    res.headers_mut().insert(X_REQUEST_ID, rid);
+    res
+}
+
+async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    if path == "/admin" || path.starts_with("/admin/") {
+        if !authorized(&gw, req.headers()) {
+            let mut res = problem(
+                StatusCode::UNAUTHORIZED,
+                "the admin API needs `Authorization: Bearer <token>` (the value of SLUICE_ADMIN_TOKEN)",
+            );
+            res.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"sluice-admin\""),
+            );
+            return res;
+        }
+        return admin(gw, req).await;
+    }
+    let read_only = [Method::GET, Method::HEAD];
+    if matches!(path, "/metrics" | "/healthz" | "/readyz") && !read_only.contains(req.method()) {
+        return method_not_allowed("GET, HEAD");
+    }
+    match path {
+        "/metrics" => reply(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            gw.metrics.render(),
+        ),
+        "/healthz" => reply(StatusCode::OK, "text/plain; charset=utf-8", "ok\n"),
+        "/readyz" => readyz(&gw).await,
+        _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// Ready when the store answers (a config is always loaded once the process serves).
+async fn readyz(gw: &Gateway) -> Response<Body> {
+    let why = match tokio::time::timeout(READY_TIMEOUT, gw.store.ping()).await {
+        Ok(Ok(())) => return reply(StatusCode::OK, "text/plain; charset=utf-8", "ready\n"),
+        Ok(Err(e)) => format!("{} store: {e}", gw.store.label()),
+        Err(_) => format!(
+            "{} store: no answer within {READY_TIMEOUT:?}",
+            gw.store.label()
+        ),
+    };
+    reply(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "text/plain; charset=utf-8",
+        format!("not ready: {why}\n"),
+    )
+}
+
+async fn admin(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_owned();
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(2).collect();
+    let method = req.method().clone();
+    match segments.as_slice() {
+        ["config"] => match method {
+            Method::GET | Method::HEAD => {
+                let table = gw.table.load_full();
+                match config::document(&table) {
+                    Ok(doc) => json_reply(StatusCode::OK, &doc),
+                    Err(e) => problem(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &format!("cannot render the config: {e}"),
+                    ),
+                }
+            }
+            _ => method_not_allowed("GET, HEAD"),
+        },
+        ["reload"] => match method {
+            Method::POST => reload_now(gw).await,
+            _ => method_not_allowed("POST"),
+        },
+        ["limits", route, limit] => {
+            let query = req.uri().query();
+            match method {
+                Method::GET | Method::HEAD => limits::peek(&gw, route, limit, query).await,
+                Method::DELETE => limits::reset(&gw, route, limit, query).await,
+                _ => method_not_allowed("GET, HEAD, DELETE"),
+            }
+        }
+        _ => problem(StatusCode::NOT_FOUND, "no such admin endpoint"),
+    }
+}
+
+/// `POST /admin/reload`: 200 `{"version"}`, or 400 with every error (the old config stays).
+async fn reload_now(gw: Arc<Gateway>) -> Response<Body> {
+    match tokio::task::spawn_blocking(move || reload(&gw, Trigger::Admin)).await {
+        Ok(Ok(version)) => json_reply(StatusCode::OK, &json!({ "version": version })),
+        Ok(Err(errors)) => {
+            let errors: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
+            let mut doc = problem_doc(
+                StatusCode::BAD_REQUEST,
+                "the new config was rejected; the old one keeps serving",
+            );
+            doc["errors"] = json!(errors);
+            problem_reply(StatusCode::BAD_REQUEST, &doc)
+        }
+        Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("reload failed: {e}"),
+        ),
+    }
+}
+
+/// Loopback admin listeners are open; any other needs the bearer token (no token set:
+/// nothing passes — `sluice check` refuses that config anyway).
+fn authorized(gw: &Gateway, headers: &HeaderMap) -> bool {
+    if gw.table.load().admin_listen.ip().is_loopback() {
+        return true;
+    }
+    let Some(expected) = std::env::var(ADMIN_TOKEN_ENV)
+        .ok()
+        .filter(|t| !t.is_empty())
+    else {
+        return false;
+    };
+    headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
+        .is_some_and(|presented| same_secret(presented, &expected))
+}
+
+/// The token of `Bearer <token>` (the scheme is case-insensitive, RFC 9110 §11.1).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim())
+        .filter(|t| !t.is_empty())
+}
+
+/// Compare in constant time: hashing first makes the work independent of where (and
+/// whether) the inputs differ, and of their lengths.
+fn same_secret(a: &str, b: &str) -> bool {
+    let (a, b) = (Sha256::digest(a.as_bytes()), Sha256::digest(b.as_bytes()));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn reply(status: StatusCode, ctype: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut res = Response::new(full(body));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(ctype));
+    res
+}
+
+fn json_reply(status: StatusCode, doc: &serde_json::Value) -> Response<Body> {
+    let mut body = serde_json::to_vec_pretty(doc).expect("json");
+    body.push(b'\n');
+    reply(status, "application/json", body)
+}
+
+fn no_content() -> Response<Body> {
+    let mut res = Response::new(empty());
+    *res.status_mut() = StatusCode::NO_CONTENT;
+    res
+}
+
+/// An RFC 9457 document, as the gateway's own answers use.
+fn problem_doc(status: StatusCode, detail: &str) -> serde_json::Value {
+    json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    })
+}
+
+fn problem_reply(status: StatusCode, doc: &serde_json::Value) -> Response<Body> {
+    let body = serde_json::to_vec(doc).expect("json");
+    reply(status, "application/problem+json", body)
+}
+
+fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    problem_reply(status, &problem_doc(status, detail))
+}
+
+fn method_not_allowed(allow: &'static str) -> Response<Body> {
+    let mut res = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &format!("this endpoint answers {allow}"),
+    );
+    res.headers_mut()
+        .insert(ALLOW, HeaderValue::from_static(allow));
+    res
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_needs_a_token() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer  abc "), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+    }
+
+    #[test]
+    fn secrets_compare_by_value_only() {
+        assert!(same_secret("s3cret-token", "s3cret-token"));
+        assert!(!same_secret("s3cret-token", "s3cret-tokem"));
+        assert!(!same_secret("s3cret", "s3cret-token"));
+        assert!(!same_secret("", "x"));
+    }
+}
