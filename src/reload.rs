@@ -24,7 +24,15 @@ pub enum Trigger {
 /// Reload from `gw.config_path`. Returns the new version, or every error (old config kept).
 pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
     let _serial = gw.reload_lock.lock();
-    let text = std::fs::read_to_string(&gw.config_path);
+    let name = gw.config_path.display().to_string();
+    let text = std::fs::read_to_string(&gw.config_path).map_err(|e| {
+        ConfigErrors(vec![config::ConfigError {
+            file: name.clone(),
+            line: 1,
+            col: 1,
+            message: format!("cannot read config: {e}"),
+        }])
+    });
     if trigger == Trigger::File {
         // Editors write several events per save: act only when the content really changed.
         let hash = text.as_deref().map(config::version_of).unwrap_or_default();
@@ -34,7 +42,18 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
         }
         *last = hash;
     }
-    let result = config::load(&gw.config_path).map(|t| apply(gw, t));
+    let result = text.and_then(|text| {
+        let mut file = config::parse(&name, &text)?;
+        // The store is built once at start: compile against the running store settings so
+        // keys keep the running `key_prefix` (a changed store section waits for a restart).
+        let running = &gw.table.load().file.store;
+        if file.store != *running {
+            tracing::warn!("store settings changed but need a restart; the running store is kept");
+            file.store = running.clone();
+        }
+        config::compile_file(&name, &text, file)
+    });
+    let result = result.map(|t| apply(gw, t));
     match &result {
         Ok(v) => {
             gw.metrics.reloads.with_label_values(&["success"]).inc();
@@ -69,8 +88,7 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
         admin_listen,
         workers,
         drain_timeout,
-        client_header_timeout,
-        store
+        client_header_timeout
     );
     if !restart.is_empty() {
         tracing::warn!(settings = ?restart, "these settings changed but need a restart; the running values are kept");

@@ -196,6 +196,25 @@ async fn limit_state_survives_a_rate_change() {
 }
 
 #[tokio::test]
+async fn store_changes_wait_for_a_restart_and_keys_keep_their_prefix() {
+    let up = Upstream::start();
+    let s = Sluice::start(&limited(&up, "3/1h"));
+    assert_eq!(admitted(&s, 3).await, 3);
+    s.rewrite_config(&format!(
+        "store: {{ redis: {{ key_prefix: \"other:\" }} }}\n{}",
+        limited(&up, "4/1h")
+    ));
+    wait_reloads(&s, "success", 1.0).await;
+    assert!(
+        s.log()
+            .contains("store settings changed but need a restart"),
+        "{}",
+        s.log()
+    );
+    assert_eq!(admitted(&s, 3).await, 1, "same keys: 3 used of the new 4");
+}
+
+#[tokio::test]
 async fn restart_only_settings_are_kept_and_logged() {
     let up = Upstream::start();
     let s = Sluice::start(&limited(&up, "100/1h"));

@@ -62,7 +62,7 @@ pub enum OnError {
     Local,
 }
 
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Store {
     #[serde(default)]
@@ -76,7 +76,7 @@ pub struct Store {
 }
 
 /// Sluice extension (not in the spec's example): the embedded store's key cap.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Memory {
     #[serde(default = "d_max_keys")]
@@ -104,7 +104,7 @@ pub enum RedisMode {
     Sentinel,
 }
 
-#[derive(Debug, Clone, Deserialize, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Redis {
     #[serde(default)]

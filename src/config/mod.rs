@@ -70,7 +70,12 @@ pub fn load(path: &Path) -> Result<Table, ConfigErrors> {
 
 /// Parse, validate and compile config text; `name` is used in error positions.
 pub fn load_str(name: &str, text: &str) -> Result<Table, ConfigErrors> {
-    let file: file::File = serde_yaml::from_str(text).map_err(|e| {
+    compile_file(name, text, parse(name, text)?)
+}
+
+/// Parse config text into its file form (structure and types only).
+pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
+    serde_yaml::from_str(text).map_err(|e| {
         let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
         // serde_yaml appends " at line L column C"; the position goes in front instead.
         let msg = e.to_string();
@@ -84,7 +89,11 @@ pub fn load_str(name: &str, text: &str) -> Result<Table, ConfigErrors> {
             col,
             message: msg,
         }])
-    })?;
+    })
+}
+
+/// Validate and compile a parsed file; `text` is its source, for positions and the version.
+pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Table, ConfigErrors> {
     let positions = position::Positions::index(text);
     compile::compile(name, file, &positions, version_of(text))
 }
