@@ -14,6 +14,7 @@ pub mod forward;
 pub mod headers;
 pub mod identify;
 pub mod limit;
+pub mod logging;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -70,7 +70,7 @@ fn load_or_report(path: &std::path::Path) -> Option<Table> {
 }
 
 fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
-    init_logging(format);
+    let logs = init_logging(format);
     let Some(table) = load_or_report(path) else {
         return ExitCode::from(1);
     };
@@ -93,6 +93,7 @@ fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
     };
     let code = rt.block_on(sluice::app::run(table, path.to_path_buf()));
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    logs.flush();
     ExitCode::from(code as u8)
 }
 
@@ -190,20 +191,12 @@ fn summary(path: &std::path::Path, t: &Table) -> String {
     s
 }
 
-fn init_logging(format: Option<LogFormat>) {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+fn init_logging(format: Option<LogFormat>) -> sluice::logging::Buffered {
+    let terminal = std::io::stderr().is_terminal();
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Human) => false,
-        None => !std::io::stderr().is_terminal(),
+        None => !terminal,
     };
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if json {
-        b.json().flatten_event(true).init();
-    } else {
-        b.init();
-    }
+    sluice::logging::init(json, terminal && !json)
 }

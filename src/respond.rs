@@ -6,7 +6,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use serde_json::json;
 
 use crate::body::{full, Body};
 use crate::forward::ForwardError;
@@ -49,29 +48,29 @@ impl GatewayError {
 
     /// The problem+json document (RFC 9457 §3.1). Rate limiting uses the IANA
     /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
-    pub fn problem(&self) -> serde_json::Value {
+    pub fn problem(&self) -> Problem<'_> {
         let status = self.status();
-        let title = status.canonical_reason().unwrap_or("Error");
-        match self {
+        let (kind, route, limit, retry_after) = match self {
             GatewayError::Limited {
                 route,
                 limit,
                 retry_after,
-            } => json!({
-                "type": "https://iana.org/assignments/http-problem-types#quota-exceeded",
-                "title": title,
-                "status": status.as_u16(),
-                "detail": self.to_string(),
-                "route": route.as_ref(),
-                "limit": limit.as_ref(),
-                "retry_after": retry_after,
-            }),
-            _ => json!({
-                "type": "about:blank",
-                "title": title,
-                "status": status.as_u16(),
-                "detail": self.to_string(),
-            }),
+            } => (
+                QUOTA_EXCEEDED,
+                Some(route.as_ref()),
+                Some(limit.as_ref()),
+                Some(*retry_after),
+            ),
+            _ => ("about:blank", None, None, None),
+        };
+        Problem {
+            kind,
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: self.to_string(),
+            route,
+            limit,
+            retry_after,
         }
     }
 
@@ -87,6 +86,24 @@ impl GatewayError {
         h.insert(X_REQUEST_ID, request_id.clone());
         res
     }
+}
+
+const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// An RFC 9457 problem document; serialized directly (no intermediate JSON tree).
+#[derive(Debug, serde::Serialize)]
+pub struct Problem<'a> {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub title: &'static str,
+    pub status: u16,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub route: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 #[cfg(test)]
@@ -129,7 +146,7 @@ mod tests {
             limit: "per-ip".into(),
             retry_after: 12,
         };
-        let p = e.problem();
+        let p = serde_json::to_value(e.problem()).unwrap();
         assert_eq!(
             p["type"],
             "https://iana.org/assignments/http-problem-types#quota-exceeded"

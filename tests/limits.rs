@@ -316,11 +316,7 @@ async fn shadow_limits_count_but_never_refuse() {
         ),
         2.0
     );
-    assert!(
-        s.log().contains("shadow limit would have refused"),
-        "{}",
-        s.log()
-    );
+    s.wait_log(&["shadow limit would have refused"]);
 }
 
 #[tokio::test]

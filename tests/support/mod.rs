@@ -132,6 +132,22 @@ impl Sluice {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// The log once it contains every one of `needles` (sluice flushes its log buffer every
+    /// 100 ms); panics with the whole log after 5 s.
+    pub fn wait_log(&self, needles: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = self.log();
+            if needles.iter().all(|n| log.contains(n)) {
+                return log;
+            }
+            if Instant::now() > deadline {
+                panic!("log never contained {needles:?}:\n{log}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Replace the config file's content (keeping the listen addresses) in place.
     pub fn rewrite_config(&self, yaml: &str) {
         let text = format!(
