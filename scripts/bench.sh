@@ -18,9 +18,6 @@ trap cleanup EXIT
 
 target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
 
-redis_routes=""
-if [ -n "${BENCH_REDIS:-}" ]; then redis_routes="$BENCH_REDIS"; fi
-
 cat > "$tmp/bench.yaml" <<YAML
 listen: 127.0.0.1:$GW
 admin_listen: 127.0.0.1:$ADM
@@ -57,8 +54,40 @@ curl -s -o /dev/null "http://127.0.0.1:$GW/deny"   # use up the single allowed r
 printf '%-28s %12s %10s %8s\n' scenario req/s p99_ms ratio
 read -r direct dp99 < <(run direct "http://127.0.0.1:$UP/")
 printf '%-28s %12.0f %10.2f %8s\n' "direct to upstream" "$direct" "$dp99" "1.00"
+row() { printf '%-28s %12.0f %10.2f %8.2f\n' "$1" "$2" "$3" "$(awk -v a="$2" -v b="$direct" 'BEGIN{print a/b}')"; }
 for s in "plain:/plain" "limited, allow path:/allow" "limited, 429 path:/deny"; do
   name=${s%%:*}; path=${s#*:}
   read -r rps p99 < <(run "$name" "http://127.0.0.1:$GW$path")
-  printf '%-28s %12.0f %10.2f %8.2f\n' "sluice $name" "$rps" "$p99" "$(awk -v a="$rps" -v b="$direct" 'BEGIN{print a/b}')"
+  row "sluice $name" "$rps" "$p99"
 done
+
+# Reference on the same machine, if nginx is installed: one worker, keep-alive upstream,
+# limit_req for the 429 path, access log on (as sluice's).
+if command -v nginx >/dev/null; then
+  NG=$(free_port)
+  cat > "$tmp/nginx.conf" <<NGINX
+worker_processes 1;
+daemon off;
+pid $tmp/nginx.pid;
+error_log $tmp/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log $tmp/nginx-access.log;
+  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+  limit_req_zone \$binary_remote_addr zone=one:1m rate=1r/m;
+  upstream up { server 127.0.0.1:$UP; keepalive 128; }
+  server {
+    listen 127.0.0.1:$NG;
+    location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
+    location /deny { limit_req zone=one nodelay; limit_req_status 429; proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
+  }
+}
+NGINX
+  nginx -c "$tmp/nginx.conf" & pids+=($!)
+  sleep 0.5
+  curl -s -o /dev/null "http://127.0.0.1:$NG/deny"
+  read -r rps p99 < <(run nginx "http://127.0.0.1:$NG/plain")
+  row "nginx (1 worker) proxy" "$rps" "$p99"
+  read -r rps p99 < <(run nginx "http://127.0.0.1:$NG/deny")
+  row "nginx limit_req 429 path" "$rps" "$p99"
+fi
