@@ -12,6 +12,7 @@ use crate::metrics::Metrics;
 use crate::proxy::Gateway;
 use crate::store::backend::Backend;
 use crate::store::memory::{Clock, MemoryStore};
+use crate::store::redis::RedisStore;
 use crate::table::Table;
 use crate::{admin, reload, server};
 
@@ -20,12 +21,15 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
     let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
     let store = match table.store.kind {
         StoreKind::Memory => Backend::Memory(local.clone()),
-        StoreKind::Redis => {
-            tracing::error!(
-                "store.kind redis is not available in this build; using the embedded store"
-            );
-            Backend::Memory(local.clone())
-        }
+        StoreKind::Redis => match RedisStore::connect(&table.store.redis) {
+            Ok(r) => Backend::Redis(Arc::new(r)),
+            Err(e) => {
+                // Only a config fred itself refuses gets here (validated before): say so loudly
+                // and keep serving on the embedded store rather than not at all.
+                tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
+                Backend::Memory(local.clone())
+            }
+        },
     };
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
@@ -65,6 +69,19 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
         }
     };
     tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin.local_addr().map_or(admin_listen, |a| a), version = %gw.table.load().version, "sluice serving");
+
+    // Report the store's reachability without holding up serving: requests meanwhile follow
+    // `on_error`, and the Redis client keeps reconnecting on its own.
+    let g = gw.clone();
+    tokio::spawn(async move {
+        let (label, policy) = (g.store.label(), g.table.load().store.on_error);
+        match g.store.wait_ready(Duration::from_secs(2)).await {
+            Ok(()) => tracing::info!(store = label, "store reachable"),
+            Err(e) => {
+                tracing::warn!(store = label, error = %e, on_error = ?policy, "store unreachable at startup: serving per on_error, reconnecting in the background")
+            }
+        }
+    });
 
     let _watcher = match reload::spawn_watchers(gw.clone()) {
         Ok(w) => Some(w),

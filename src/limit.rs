@@ -188,13 +188,7 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
 }
 
 /// Decide the planned limits in one store call and apply the route's store-error policy.
-pub async fn decide(
-    route: &Route,
-    plan: Plan,
-    store: &Backend,
-    local: &MemoryStore,
-    request_id: &str,
-) -> Admission {
+pub async fn decide(route: &Route, plan: Plan, store: &Backend, local: &MemoryStore) -> Admission {
     let mut adm = Admission::default();
     let Plan { calls, which } = plan;
     if calls.is_empty() {
@@ -202,7 +196,7 @@ pub async fn decide(
     }
 
     let started = Instant::now();
-    let result = store.decide(&calls, request_id).await;
+    let result = store.decide(&calls).await;
     adm.store_time = Some((store.label(), started.elapsed()));
     let decisions = match result {
         Ok(d) => d,

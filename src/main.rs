@@ -109,7 +109,7 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
             .expect("runtime");
         let result = rt.block_on(async {
             let gw = sluice::app::gateway(t, path.to_path_buf()).await;
-            gw.store.ping().await
+            gw.store.wait_ready(std::time::Duration::from_secs(3)).await
         });
         match result {
             Ok(()) => println!("store: reachable"),

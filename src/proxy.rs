@@ -118,16 +118,7 @@ impl Gateway {
             limit::plan(route, &who, &parts.headers)
         };
         let mut adm = match plan {
-            Ok(plan) => {
-                limit::decide(
-                    route,
-                    plan,
-                    &self.store,
-                    &self.local,
-                    rid.to_str().unwrap_or(""),
-                )
-                .await
-            }
+            Ok(plan) => limit::decide(route, plan, &self.store, &self.local).await,
             Err(e) => Admission {
                 reject: Some(e),
                 ..Admission::default()

@@ -5,7 +5,10 @@
 //! otherwise every limit that admitted is charged (a shadow limit that refused is not).
 
 pub mod backend;
+pub mod breaker;
 pub mod memory;
+pub mod redis;
+pub mod scripts;
 
 use crate::algo::{Decision, Params};
 

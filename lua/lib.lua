@@ -1,0 +1,42 @@
+-- Shared helpers of the limiter scripts. Everything is an integer number of microseconds
+-- held exactly in a double (< 2^53); nothing is stored or returned as a float.
+
+local MAX_EXACT = 9007199254740992 -- 2^53
+
+-- A string of decimal digits as a number, or nil when absent, negative, fractional, in
+-- exponent form or >= 2^53: corrupt or foreign state then reads as a fresh key (never as more
+-- than a full quota), and ARGV must be plain integers.
+local function int(s)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^%d+$') then
+    return nil
+  end
+  local v = tonumber(s)
+  if v >= MAX_EXACT then return nil end
+  return v
+end
+
+-- Integers print in full (`tostring` would print 1.7953151949079e+15).
+local function fmt(v)
+  return string.format('%d', v)
+end
+
+-- floor(a / b) for integers 0 <= a < 2^53, b >= 1, exact: the double quotient can round
+-- up to the next integer, so correct it with exact products.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  while q * b > a do q = q - 1 end
+  while (q + 1) * b <= a do q = q + 1 end
+  return q
+end
+
+-- TTL in the same script as the write, rounded up to whole ms, never 0.
+local function expire_us(key, ttl_us)
+  local ms = idiv(ttl_us + 999, 1000)
+  if ms < 1 then ms = 1 end
+  redis.call('PEXPIRE', key, fmt(ms))
+end
+
+-- ALGO[name](key, p, now, cost, commit, member) -> code, limit, remaining, retry_us, reset_us
+-- p = {limit = N, window = W, capacity = C, interval = I, unit = u}. With commit, an
+-- admitted request writes its new state; a limited (1) or impossible (2) one never writes.
+local ALGO = {}

@@ -1,0 +1,45 @@
+-- sliding_log: a sorted set of admitted units, score = admission µs, members unique across
+-- gateways (`now:nonce:limit:unit`). Entries <= now - W are gone; admit iff live + cost <= N.
+-- Exact: at most N in every half-open (t - W, t]. Twin of src/algo/sliding_log.rs.
+ALGO.sliding_log = function(key, p, now, cost, commit, member)
+  local n, w = p.limit, p.window
+  local horizon = fmt(now - w)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local newest = top[2] and tonumber(top[2])
+  -- A log holding entries after now (corruption, or the clock stepped back) reads as fresh.
+  local future = newest ~= nil and newest > now
+  local live = 0
+  if newest ~= nil and not future then
+    live = redis.call('ZCOUNT', key, '(' .. horizon, '+inf')
+  end
+  local reset = 0
+  if live > 0 then reset = newest + w - now end
+  local remaining = math.max(n - live, 0)
+  if cost > n then return 2, n, remaining, 0, reset end
+  if cost == 0 then return 0, n, remaining, 0, reset end
+  if cost > remaining then
+    -- The (live + cost - N)-th oldest live entry must age out first.
+    local e = redis.call('ZRANGEBYSCORE', key, '(' .. horizon, '+inf', 'WITHSCORES',
+      'LIMIT', fmt(live + cost - n - 1), '1')
+    return 1, n, remaining, tonumber(e[2]) + w - now, reset
+  end
+  if commit then
+    if future then
+      redis.call('DEL', key)
+    else
+      redis.call('ZREMRANGEBYSCORE', key, '-inf', horizon)
+    end
+    local at = fmt(now)
+    local batch = {}
+    for i = 1, cost do
+      batch[#batch + 1] = at
+      batch[#batch + 1] = at .. ':' .. member .. ':' .. fmt(i)
+      if #batch >= 1000 or i == cost then
+        redis.call('ZADD', key, unpack(batch))
+        batch = {}
+      end
+    end
+    expire_us(key, w)
+  end
+  return 0, n, remaining - cost, 0, w
+end

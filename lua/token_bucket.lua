@@ -1,0 +1,30 @@
+-- token_bucket: capacity C, one token per I µs, remainder carried (t only moves by whole I
+-- while not full); admit iff tokens >= cost. A missing key is a full bucket.
+-- State: hash {n = tokens, t = µs at which n was valid}. Twin of src/algo/token_bucket.rs.
+ALGO.token_bucket = function(key, p, now, cost, commit)
+  local c, i = p.capacity, p.interval
+  local s = redis.call('HMGET', key, 'n', 't')
+  local sn, st = int(s[1]), int(s[2])
+  local n, t = c, now
+  -- A t after now (corruption, clock stepped back) reads as fresh, i.e. full.
+  if sn ~= nil and st ~= nil and st <= now then
+    n = math.min(sn, c)
+    local add = idiv(now - st, i) -- divide first: no overflow after a long idle
+    if add >= c - n then
+      n, t = c, now
+    else
+      n, t = n + add, st + add * i
+    end
+  end
+  -- Time until `need` more tokens have arrived: the first one arrives at t + I.
+  local function after(need) return need * i - (now - t) end
+  if cost > c then return 2, c, n, 0, after(c - n) end
+  if cost == 0 then return 0, c, n, 0, after(c - n) end
+  if cost > n then return 1, c, n, after(cost - n), after(c - n) end
+  local left = n - cost
+  if commit then
+    redis.call('HSET', key, 'n', fmt(left), 't', fmt(t))
+    expire_us(key, after(c - left))
+  end
+  return 0, c, left, 0, after(c - left)
+end

@@ -1,0 +1,334 @@
+//! The Redis store: every request's limits in one EVALSHA of the script in `lua/`, decided
+//! atomically at Redis's own clock, through a pooled, pipelining fred client.
+//!
+//! What keeps it honest when Redis misbehaves:
+//! - a decision is sent at most once: `max_command_attempts = 1`, and `fail_fast` so nothing
+//!   queues behind a reconnect (a re-sent decision after a dropped connection would charge
+//!   twice);
+//! - every call is bounded by `timeout` (fred's per-command timeout and ours around it);
+//! - after `SCRIPT FLUSH`, a restart or a failover the reply is NOSCRIPT, meaning nothing ran:
+//!   the same call is sent once more as EVAL (which also caches the script again);
+//! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second.
+//!
+//! On Redis Cluster a script may only touch keys of one slot. Each key's hash tag is the hash
+//! of its identity, so the limits of one request on the same identity share a slot and are
+//! decided together; limits on different identities live on different slots. Those are decided
+//! in two steps: a dry run of every slot (nothing is charged if any enforced limit refuses),
+//! then a charge per slot. All-or-nothing thus holds within a slot, and across slots except
+//! when another request takes the last unit between the two steps: then the slots that still
+//! admitted are charged for a refused request (never the reverse: nothing is admitted past a
+//! limit).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use fred::prelude::*;
+use fred::types::config::Server;
+use fred::types::config::{ClusterDiscoveryPolicy, Options, ReconnectPolicy, ServerConfig};
+use futures_util::future::try_join_all;
+
+use super::breaker::Breaker;
+use super::{scripts, LimitCall, Peek, StoreError};
+use crate::algo::Decision;
+use crate::config::file::RedisMode;
+use crate::table::RedisSettings;
+
+pub struct RedisStore {
+    pool: Pool,
+    opts: Options,
+    timeout: Duration,
+    cluster: bool,
+    sha: String,
+    breaker: Breaker,
+    /// Per-process random prefix + counter: unique sliding_log members across gateways.
+    nonce_prefix: String,
+    counter: AtomicU64,
+}
+
+/// Build fred's config from ours (URL, mode, seeds, password).
+fn fred_config(s: &RedisSettings) -> Result<Config, Error> {
+    let node = |n: &String| -> Result<Server, Error> {
+        let (h, p) = n.rsplit_once(':').unwrap_or((n, "6379"));
+        let port = p
+            .parse()
+            .map_err(|_| Error::new(ErrorKind::Config, format!("bad node `{n}`")))?;
+        Ok(Server::new(h, port))
+    };
+    let seeds = s.nodes.iter().map(node).collect::<Result<Vec<_>, _>>()?;
+    let mut cfg = match (s.mode, &s.url) {
+        (RedisMode::Standalone, Some(url)) => Config::from_url_centralized(url)?,
+        (RedisMode::Standalone, None) => {
+            return Err(Error::new(ErrorKind::Config, "standalone mode needs a url"))
+        }
+        (RedisMode::Cluster, url) => {
+            let mut cfg = match url {
+                Some(url) => Config::from_url_clustered(url)?,
+                None => Config::default(),
+            };
+            let mut hosts = match cfg.server {
+                ServerConfig::Clustered { hosts, .. } => hosts,
+                _ => Vec::new(),
+            };
+            hosts.extend(seeds);
+            cfg.server = ServerConfig::Clustered {
+                hosts,
+                policy: ClusterDiscoveryPolicy::default(),
+            };
+            cfg
+        }
+        (RedisMode::Sentinel, url) => {
+            // The url (optional) carries the database, credentials and TLS of the primary.
+            let mut cfg = match url {
+                Some(url) => Config::from_url_centralized(url)?,
+                None => Config::default(),
+            };
+            cfg.server = ServerConfig::Sentinel {
+                hosts: seeds,
+                service_name: s.sentinel_service.clone().unwrap_or_default(),
+                username: None,
+                password: None,
+            };
+            cfg
+        }
+    };
+    if let Some(pw) = &s.password {
+        cfg.password = Some(pw.clone());
+    }
+    // Keep reconnecting in the background when Redis is down at startup: serve per policy.
+    cfg.fail_fast = false;
+    Ok(cfg)
+}
+
+/// Map a fred error to the store error the policy and metrics see.
+fn store_error(e: &Error) -> StoreError {
+    match e.kind() {
+        ErrorKind::Timeout => StoreError::Timeout,
+        ErrorKind::IO
+        | ErrorKind::Canceled
+        | ErrorKind::Routing
+        | ErrorKind::Cluster
+        | ErrorKind::Sentinel
+        | ErrorKind::Auth
+        | ErrorKind::Backpressure
+        | ErrorKind::Tls
+        | ErrorKind::Config
+        | ErrorKind::Url => StoreError::Connection(e.to_string()),
+        _ => StoreError::Script(e.to_string()),
+    }
+}
+
+fn is_noscript(e: &Error) -> bool {
+    e.details().starts_with("NOSCRIPT")
+}
+
+impl RedisStore {
+    /// Create the pool and start connecting in the background; never waits for Redis (a
+    /// gateway whose Redis is down still starts, and serves per `on_error`).
+    pub fn connect(s: &RedisSettings) -> Result<RedisStore, StoreError> {
+        let cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
+        let pool = Builder::from_config(cfg)
+            .with_connection_config(|c| {
+                c.max_command_attempts = 1;
+                c.connection_timeout = s.timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = Duration::from_secs(2);
+                c.tcp.nodelay = Some(true);
+            })
+            .with_performance_config(|p| p.default_command_timeout = s.timeout)
+            // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
+            .set_policy(ReconnectPolicy::new_constant(0, 100))
+            .build_pool(s.pool_size.max(1))
+            .map_err(|e| StoreError::Connection(e.to_string()))?;
+        pool.connect();
+        let random = {
+            use std::hash::{BuildHasher, RandomState};
+            RandomState::new().hash_one(std::process::id())
+        };
+        Ok(RedisStore {
+            pool,
+            opts: Options {
+                max_attempts: Some(1),
+                timeout: Some(s.timeout),
+                fail_fast: true,
+                ..Default::default()
+            },
+            timeout: s.timeout,
+            cluster: s.mode == RedisMode::Cluster,
+            sha: scripts::sha1_hex(scripts::SCRIPT),
+            breaker: Breaker::default(),
+            nonce_prefix: format!("{random:016x}"),
+            counter: AtomicU64::new(0),
+        })
+    }
+
+    /// Wait (up to `within`) until every pooled connection is up. For startup logs and
+    /// `sluice check --connect`; requests never wait for this.
+    pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
+        match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
+            Ok(Ok(())) => self.ping().await,
+            Ok(Err(e)) => Err(store_error(&e)),
+            Err(_) => Err(StoreError::Connection(format!(
+                "no connection within {within:?}"
+            ))),
+        }
+    }
+
+    fn nonce(&self) -> String {
+        let n = self.counter.fetch_add(1, Ordering::Relaxed);
+        format!("{}{n:x}", self.nonce_prefix)
+    }
+
+    /// One script call (keys all in one slot). NOSCRIPT means it did not run: send it once
+    /// more with the script itself.
+    async fn eval(&self, calls: &[LimitCall], commit: bool) -> Result<Vec<Decision>, StoreError> {
+        let keys: Vec<&str> = calls.iter().map(|c| c.key.as_str()).collect();
+        let args = scripts::argv(&self.nonce(), commit, calls);
+        let client = self.pool.next().with_options(&self.opts);
+        let reply: Result<Vec<i64>, Error> =
+            match client.evalsha(&self.sha, keys.clone(), args.clone()).await {
+                Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys, args).await,
+                other => other,
+            };
+        let reply = reply.map_err(|e| store_error(&e))?;
+        scripts::decisions(&reply, calls.len()).map_err(StoreError::Script)
+    }
+
+    /// Decide all of a request's limits (see the module doc for Cluster).
+    async fn decide_unguarded(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+        if !self.cluster {
+            return self.eval(calls, true).await;
+        }
+        // Group the calls by hash slot, remembering each call's position.
+        let mut slots: BTreeMap<u16, (Vec<LimitCall>, Vec<usize>)> = BTreeMap::new();
+        for (i, c) in calls.iter().enumerate() {
+            let g = slots
+                .entry(fred::util::redis_keyslot(c.key.as_bytes()))
+                .or_default();
+            g.0.push(c.clone());
+            g.1.push(i);
+        }
+        if slots.len() == 1 {
+            return self.eval(calls, true).await;
+        }
+        let groups: Vec<_> = slots.into_values().collect();
+        let run = |commit: bool| {
+            let groups = &groups;
+            async move {
+                let answers =
+                    try_join_all(groups.iter().map(|(g, _)| self.eval(g, commit))).await?;
+                let mut out = vec![None; calls.len()];
+                for ((_, at), ds) in groups.iter().zip(answers) {
+                    for (&i, d) in at.iter().zip(ds) {
+                        out[i] = Some(d);
+                    }
+                }
+                Ok::<Vec<Decision>, StoreError>(out.into_iter().flatten().collect())
+            }
+        };
+        let dry = run(false).await?;
+        if !super::request_allowed(calls, &dry) {
+            return Ok(dry);
+        }
+        run(true).await
+    }
+
+    /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
+    pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+        self.guarded(self.decide_unguarded(calls)).await
+    }
+
+    async fn guarded<T>(
+        &self,
+        fut: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.breaker.admit()?;
+        let r = tokio::time::timeout(self.timeout, fut)
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
+        self.breaker
+            .record(&r.as_ref().map(|_| ()).map_err(Clone::clone));
+        r
+    }
+
+    /// The key's state as a cost-0 and a cost-1 request see it, without writing.
+    pub async fn peek(&self, key: &str, params: &crate::algo::Params) -> Result<Peek, StoreError> {
+        let call = |cost| LimitCall {
+            key: key.to_owned(),
+            params: *params,
+            cost,
+            shadow: true,
+        };
+        let d = self.guarded(self.eval(&[call(0), call(1)], false)).await?;
+        Ok(Peek {
+            now: d[0],
+            next: d[1],
+        })
+    }
+
+    pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
+        let client = self.pool.next().with_options(&self.opts);
+        self.guarded(async {
+            client
+                .del::<i64, _>(key)
+                .await
+                .map(|_| ())
+                .map_err(|e| store_error(&e))
+        })
+        .await
+    }
+
+    /// PING, bounded by `timeout`; it also serves as a breaker probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let client = self.pool.next().with_options(&self.opts);
+        let r = tokio::time::timeout(self.timeout, client.ping::<String>(None))
+            .await
+            .unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, "ping timed out")))
+            .map(|_| ())
+            .map_err(|e| store_error(&e));
+        self.breaker.record(&r);
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::file::RedisMode;
+
+    fn settings(mode: RedisMode, url: Option<&str>, nodes: &[&str]) -> RedisSettings {
+        RedisSettings {
+            url: url.map(str::to_owned),
+            mode,
+            nodes: nodes.iter().map(|s| s.to_string()).collect(),
+            sentinel_service: Some("mymaster".into()),
+            password: Some("from-env".into()),
+            pool_size: 2,
+            timeout: Duration::from_millis(50),
+            key_prefix: "sluice:".into(),
+        }
+    }
+
+    #[test]
+    fn configs_for_each_mode() {
+        let c = fred_config(&settings(
+            RedisMode::Standalone,
+            Some("redis://u:p@10.0.0.1:6380/2"),
+            &[],
+        ))
+        .unwrap();
+        assert!(c.server.is_centralized());
+        assert_eq!(c.database, Some(2));
+        assert_eq!(c.password.as_deref(), Some("from-env"), "password_env wins");
+        let c = fred_config(&settings(RedisMode::Cluster, None, &["a:1", "b:2"])).unwrap();
+        assert_eq!(c.server.hosts().len(), 2);
+        let c = fred_config(&settings(RedisMode::Sentinel, None, &["s:26379"])).unwrap();
+        assert!(c.server.is_sentinel());
+        assert!(fred_config(&settings(
+            RedisMode::Standalone,
+            Some("rediss://h:6379"),
+            &[]
+        ))
+        .unwrap()
+        .uses_tls());
+    }
+}

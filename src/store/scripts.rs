@@ -1,0 +1,115 @@
+//! The limiter script sent to Redis, assembled at compile time from `lua/`: one file per
+//! algorithm (each the twin of its module in [`crate::algo`]), the all-or-nothing driver,
+//! and the entry point that reads the store's clock. One script means one SHA and one
+//! EVALSHA per request, whatever its limits.
+
+/// Helpers, the six algorithms and `decide_all(now, extra_args)`, in this order.
+macro_rules! sluice_lua_body {
+    () => {
+        concat!(
+            include_str!("../../lua/lib.lua"),
+            include_str!("../../lua/fixed_window.lua"),
+            include_str!("../../lua/sliding_log.lua"),
+            include_str!("../../lua/sliding_window.lua"),
+            include_str!("../../lua/token_bucket.lua"),
+            include_str!("../../lua/leaky_bucket.lua"),
+            include_str!("../../lua/gcra.lua"),
+            include_str!("../../lua/decide.lua"),
+        )
+    };
+}
+
+/// Everything but the entry point. Tests append their own entry (a pinned clock) to compare
+/// each script with its Rust twin; production only ever runs [`SCRIPT`].
+pub const BODY: &str = sluice_lua_body!();
+
+/// The production script. `#!lua` makes Redis 7 enforce that it touches only declared KEYS
+/// (what Redis Cluster needs); the entry point decides at `TIME`, the store's clock.
+pub const SCRIPT: &str = concat!(
+    "#!lua\n",
+    sluice_lua_body!(),
+    include_str!("../../lua/main.lua")
+);
+
+/// SHA-1 of [`SCRIPT`], hex: what EVALSHA names.
+pub fn sha1_hex(script: &str) -> String {
+    fred::util::sha1_hash(script)
+}
+
+/// ARGV entries per key after the two leading ones (see `lua/decide.lua`).
+pub const ARGS_PER_KEY: usize = 8;
+
+/// The ARGV of one script call: nonce, commit flag, then 8 values per limit.
+pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String> {
+    let mut a = Vec::with_capacity(2 + ARGS_PER_KEY * calls.len());
+    a.push(nonce.to_owned());
+    a.push(if commit { "1" } else { "0" }.to_owned());
+    for c in calls {
+        let p = &c.params;
+        a.push(p.algorithm.name().to_owned());
+        for v in [
+            p.limit,
+            p.window_us,
+            p.capacity,
+            p.interval_us,
+            p.unit_us,
+            c.cost,
+            u64::from(c.shadow),
+        ] {
+            a.push(v.to_string());
+        }
+    }
+    a
+}
+
+/// Decode a reply of 5 integers per key into decisions.
+pub fn decisions(reply: &[i64], keys: usize) -> Result<Vec<crate::algo::Decision>, String> {
+    use crate::algo::{Code, Decision};
+    if reply.len() != 5 * keys {
+        return Err(format!(
+            "script answered {} integers for {keys} keys",
+            reply.len()
+        ));
+    }
+    reply
+        .chunks_exact(5)
+        .map(|r| {
+            let code = Code::from_i64(r[0]).ok_or_else(|| format!("bad code {}", r[0]))?;
+            let u = |v: i64| u64::try_from(v).map_err(|_| format!("negative value {v}"));
+            Ok(Decision {
+                code,
+                limit: u(r[1])?,
+                remaining: u(r[2])?,
+                retry_after_us: u(r[3])?,
+                reset_after_us: u(r[4])?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_starts_with_the_shebang_and_has_every_algorithm() {
+        assert!(SCRIPT.starts_with("#!lua\n"));
+        for a in crate::algo::Algorithm::ALL {
+            assert!(
+                BODY.contains(&format!("ALGO.{} = function", a.name())),
+                "{a:?}"
+            );
+        }
+        assert_eq!(sha1_hex(SCRIPT).len(), 40);
+    }
+
+    #[test]
+    fn replies_decode_and_reject_garbage() {
+        let d = decisions(&[1, 5, 0, 1_000_000, 2_000_000], 1).unwrap();
+        assert_eq!(d[0].code, crate::algo::Code::Limited);
+        assert_eq!(d[0].retry_after_us, 1_000_000);
+        assert!(decisions(&[0, 5, 1, 0], 1).is_err());
+        assert!(decisions(&[7, 5, 1, 0, 0], 1).is_err());
+        assert!(decisions(&[0, 5, -1, 0, 0], 1).is_err());
+    }
+}

@@ -1,0 +1,534 @@
+//! The Lua scripts in `lua/`, run by a real `redis-server` (standalone and a three-primary
+//! Cluster), against their Rust twins in `src/algo/` and the embedded store: the same random
+//! schedules must give identical integer decisions. Also the script-level traps of
+//! ALGORITHMS.md: TTLs, garbage state, cost above capacity, wrong-typed keys, bad ARGV,
+//! sorted-set member collisions, bounded memory and exact retries at Redis's own clock.
+//!
+//! The schedules pin `now` through a test-only entry point appended to the production body
+//! (`decide_all(now_from_last_argv)`); production's entry reads `TIME` and is used by the
+//! real-clock tests at the end.
+mod support;
+
+use sluice::algo::{self, Algorithm, Code, Decision, Params, State};
+use sluice::store::memory::{Clock, MemoryStore};
+use sluice::store::{scripts, LimitCall};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use support::redis::{Conn, RedisCluster, RedisServer, Resp};
+
+const S: u64 = 1_000_000;
+const T0: u64 = 1_700_000_000 * S;
+
+/// xorshift64*: reproducible schedules without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// A script under test on one connection: the production body with a chosen entry point.
+struct Lua {
+    conn: Conn,
+    sha: String,
+    nonce: u64,
+}
+
+impl Lua {
+    /// `now` pinned by the last ARGV (test-only entry).
+    fn pinned(conn: Conn) -> Lua {
+        let script = format!(
+            "#!lua\n{}return decide_all(tonumber(ARGV[#ARGV]), 1)\n",
+            scripts::BODY
+        );
+        Lua::load(conn, &script)
+    }
+
+    /// The production script: `now` is Redis's `TIME`.
+    fn production(conn: Conn) -> Lua {
+        Lua::load(conn, scripts::SCRIPT)
+    }
+
+    fn load(mut conn: Conn, script: &str) -> Lua {
+        let sha = conn.cmd_ok(&["SCRIPT", "LOAD", script]).as_str();
+        Lua {
+            conn,
+            sha,
+            nonce: 0,
+        }
+    }
+
+    /// One call; `now` is appended only for the pinned entry.
+    fn call(
+        &mut self,
+        calls: &[LimitCall],
+        commit: bool,
+        now: Option<u64>,
+    ) -> Result<Vec<Decision>, String> {
+        self.nonce += 1;
+        let mut args: Vec<String> =
+            vec!["EVALSHA".into(), self.sha.clone(), calls.len().to_string()];
+        args.extend(calls.iter().map(|c| c.key.clone()));
+        args.extend(scripts::argv(&format!("t{}", self.nonce), commit, calls));
+        args.extend(now.map(|n| n.to_string()));
+        self.raw(&args)
+    }
+
+    fn raw(&mut self, args: &[String]) -> Result<Vec<Decision>, String> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        match self.conn.cmd(&args) {
+            Resp::Error(e) => Err(e),
+            r => {
+                let ints: Vec<i64> = r.as_array().iter().map(Resp::as_int).collect();
+                scripts::decisions(&ints, ints.len() / 5)
+            }
+        }
+    }
+
+    fn at(&mut self, call: &LimitCall, now: u64) -> Decision {
+        self.call(std::slice::from_ref(call), true, Some(now))
+            .unwrap_or_else(|e| panic!("script error: {e}"))[0]
+    }
+}
+
+fn limit(key: &str, p: Params, cost: u64) -> LimitCall {
+    LimitCall {
+        key: key.to_owned(),
+        params: p,
+        cost,
+        shadow: false,
+    }
+}
+
+fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
+    Params::new(a, n, w, burst).unwrap()
+}
+
+/// Parameter sets per algorithm: small, bursty, and the largest the config accepts.
+fn param_sets(a: Algorithm) -> Vec<Params> {
+    let burst = a.is_bucket().then_some(7);
+    let big = if a == Algorithm::SlidingLog {
+        150
+    } else {
+        10_000_000
+    };
+    vec![
+        params(a, 5, 10 * S, None),
+        params(a, 3, 2 * S, burst),
+        params(a, 1000, 3600 * S, None),
+        params(a, big, Params::MAX_WINDOW_US, None),
+    ]
+}
+
+/// The next gap: same µs, sub-interval, around the interval, around the window, long idle.
+fn gap(r: &mut Rng, p: &Params) -> u64 {
+    match r.below(6) {
+        0 => 0,
+        1 => r.below(2_000),
+        2 => r.below(2 * p.interval_us),
+        3 => r.below(p.window_us / 4),
+        4 => r.below(p.window_us + 1),
+        _ => r.below(3 * p.window_us),
+    }
+}
+
+/// Mostly small costs, sometimes anything up to C + 1 (so code 2 shows up).
+fn cost(r: &mut Rng, p: &Params) -> u64 {
+    if r.below(4) == 0 {
+        r.below(p.capacity + 2)
+    } else {
+        r.below(3)
+    }
+}
+
+fn pttl(conn: &mut Conn, key: &str) -> i64 {
+    conn.cmd_ok(&["PTTL", key]).as_int()
+}
+
+/// After an admitted write of `ttl_us`: ceil(ttl / 1 ms) − (real time since) ≤ PTTL ≤ ceil.
+fn assert_ttl(conn: &mut Conn, key: &str, ttl_us: u64) {
+    let want = ttl_us.div_ceil(1000) as i64;
+    let got = pttl(conn, key);
+    assert!(
+        got <= want && got + 1000 >= want,
+        "{key}: PTTL {got} ms after a write needing {ttl_us} µs"
+    );
+}
+
+/// Every script equals its Rust twin, decision by decision, on long random schedules, with
+/// the TTL the twin asks for, and no key ever left without one.
+fn twins_agree(conn_for: &dyn Fn(&str) -> Conn, tag: &str, steps: usize) {
+    let mut r = Rng(0x5EED_0001);
+    for a in Algorithm::ALL {
+        for (j, p) in param_sets(a).into_iter().enumerate() {
+            let key = format!("twin:{}:{j}:{{{tag}}}", a.name());
+            let (mut lua, mut conn) = (Lua::pinned(conn_for(&key)), conn_for(&key));
+            let mut state: Option<State> = None;
+            let mut now = T0 + r.below(S);
+            for step in 0..steps {
+                now += gap(&mut r, &p);
+                let c = cost(&mut r, &p);
+                let want = algo::decide(&p, &mut state, now, c, true);
+                let got = lua.at(&limit(&key, p, c), now);
+                assert_eq!(
+                    got, want.decision,
+                    "{a:?} {p:?} step {step}: now {now} cost {c}"
+                );
+                match want.ttl_us {
+                    Some(ttl) => assert_ttl(&mut conn, &key, ttl),
+                    None => assert_ne!(pttl(&mut conn, &key), -1, "{key} has no TTL"),
+                }
+            }
+        }
+    }
+}
+
+/// Several limits per call (some shadow), against the embedded store at the same `now`.
+fn multi_limit_agrees_with_the_embedded_store(mut lua: Lua, tag: &str, steps: usize) {
+    let mut r = Rng(0x5EED_0002);
+    let (clock, time) = Clock::manual(T0);
+    let mem = MemoryStore::new(10_000, clock);
+    let mut now = T0;
+    for step in 0..steps {
+        let n = 1 + r.below(3) as usize;
+        let calls: Vec<LimitCall> = (0..n)
+            .map(|i| {
+                let a = Algorithm::ALL[r.below(6) as usize];
+                let set = r.below(2);
+                let p = param_sets(a)[set as usize];
+                LimitCall {
+                    // Few distinct keys, so limits of different requests meet. The params are
+                    // part of the key: a changed window is a config edit, after which Redis's
+                    // real-time TTLs and the pinned clock would disagree on expiry.
+                    key: format!("multi:{}:{set}:{i}:{{{tag}}}", a.name()),
+                    params: p,
+                    cost: cost(&mut r, &p),
+                    shadow: r.below(4) == 0,
+                }
+            })
+            .collect();
+        // A key named twice in one request cannot come from a config (limit names are unique).
+        if (1..n).any(|i| calls[..i].iter().any(|c| c.key == calls[i].key)) {
+            continue;
+        }
+        now += r.below(3 * S);
+        time.store(now, Ordering::Relaxed);
+        let want = mem.decide(&calls);
+        let got = lua.call(&calls, true, Some(now)).unwrap();
+        assert_eq!(got, want, "step {step}: {calls:?}");
+        // Peeks (commit 0) agree too and write nothing.
+        let c = &calls[0];
+        let peek = mem.peek(&c.key, &c.params);
+        let probe = [limit(&c.key, c.params, 0), limit(&c.key, c.params, 1)];
+        let got = lua.call(&probe, false, Some(now)).unwrap();
+        assert_eq!(got, vec![peek.now, peek.next], "peek at step {step}");
+    }
+}
+
+#[test]
+fn scripts_match_their_rust_twins_on_standalone_redis() {
+    let redis = RedisServer::start();
+    twins_agree(&|_| redis.conn(), "t", 250);
+    multi_limit_agrees_with_the_embedded_store(Lua::pinned(redis.conn()), "m", 600);
+    // Trap 6: after the run, no limiter key is left without a TTL.
+    let mut conn = redis.conn();
+    let keys = conn.cmd_ok(&["KEYS", "*"]).as_array();
+    assert!(keys.len() > 20, "the schedules wrote keys");
+    for k in keys {
+        let k = k.as_str();
+        assert!(pttl(&mut conn, &k) > 0, "{k} without TTL");
+    }
+}
+
+#[test]
+fn scripts_match_their_rust_twins_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    // Every key of a call shares the hash tag, so it runs on the node owning that slot; with
+    // `#!lua`, Redis 7 refuses any key that is not declared in KEYS.
+    for tag in ["t", "{}", ""] {
+        twins_agree(&|key| cluster.conn_for_key(key), tag, 60);
+    }
+    let key = "multi:x:{m}";
+    multi_limit_agrees_with_the_embedded_store(Lua::pinned(cluster.conn_for_key(key)), "m", 200);
+    // Keys on different slots in one call are refused by Redis, not half-run.
+    let mut lua = Lua::pinned(cluster.conn_for_key("a{1}"));
+    let p = params(Algorithm::Gcra, 5, 10 * S, None);
+    let err = lua
+        .call(&[limit("a{1}", p, 1), limit("b{2}", p, 1)], true, Some(T0))
+        .unwrap_err();
+    assert!(err.contains("CROSSSLOT") || err.contains("MOVED"), "{err}");
+}
+
+#[test]
+fn gcra_golden_vector_and_a_fresh_bucket_of_ten() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let p = params(Algorithm::Gcra, 5, 5 * S, None); // C = 5, I = 1 s
+    let rem: Vec<u64> = (0..5)
+        .map(|_| lua.at(&limit("g", p, 1), T0).remaining)
+        .collect();
+    assert_eq!(rem, [4, 3, 2, 1, 0]);
+    let d = lua.at(&limit("g", p, 1), T0);
+    assert_eq!((d.code, d.retry_after_us), (Code::Limited, S));
+    let d = lua.at(&limit("g", p, 1), T0 + 3 * S);
+    assert_eq!((d.code, d.remaining), (Code::Allowed, 2));
+    assert_eq!(lua.at(&limit("g2", p, 6), T0).code, Code::CannotFit);
+    // Trap 3: the first request on an empty bucket of 10 leaves exactly 9, for each bucket.
+    for a in [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ] {
+        let d = lua.at(&limit(a.name(), params(a, 10, 10 * S, None), 1), T0);
+        assert_eq!(
+            (d.code, d.limit, d.remaining),
+            (Code::Allowed, 10, 9),
+            "{a:?}"
+        );
+    }
+}
+
+/// DUMP and PTTL of a key, to show a call left it byte-identical.
+fn snapshot(conn: &mut Conn, key: &str) -> (Resp, i64) {
+    (conn.cmd_ok(&["DUMP", key]), pttl(conn, key))
+}
+
+#[test]
+fn cost_above_capacity_and_cost_zero_change_nothing() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut conn = redis.conn();
+    for a in Algorithm::ALL {
+        let p = params(a, 4, 3600 * S, None);
+        let key = format!("k:{}", a.name());
+        // Cost 0 on a fresh key: a peek, no key written.
+        let d = lua.at(&limit(&key, p, 0), T0);
+        assert_eq!((d.code, d.remaining), (Code::Allowed, 4), "{a:?}");
+        assert_eq!(conn.cmd_ok(&["EXISTS", &key]).as_int(), 0, "{a:?}");
+        lua.at(&limit(&key, p, 2), T0);
+        let before = snapshot(&mut conn, &key);
+        let d = lua.at(&limit(&key, p, 5), T0 + 1);
+        assert_eq!((d.code, d.retry_after_us), (Code::CannotFit, 0), "{a:?}");
+        let d = lua.at(&limit(&key, p, 0), T0 + 2);
+        assert_eq!((d.code, d.remaining), (Code::Allowed, 2), "{a:?}");
+        let after = snapshot(&mut conn, &key);
+        assert_eq!(before.0, after.0, "{a:?}: value changed");
+        assert!(before.1 - after.1 < 1000, "{a:?}: TTL rewritten");
+    }
+}
+
+#[test]
+fn garbage_and_old_state_never_admit_more_than_capacity() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut conn = redis.conn();
+    let now = T0 + 123_456;
+    let (past, future) = (
+        (now - 20 * 365 * 86_400 * S).to_string(),
+        (now + 3600 * S).to_string(),
+    );
+    let values = [
+        "0",
+        past.as_str(),
+        future.as_str(),
+        "-5",
+        "abc",
+        "1.5",
+        "9007199254740993",
+        "",
+    ];
+    let c = 4;
+    let mut seeded = 0;
+    for a in Algorithm::ALL {
+        let p = params(a, c, 3600 * S, None);
+        for (i, x) in values.iter().enumerate() {
+            for (j, y) in values.iter().enumerate() {
+                let key = format!("g:{}:{i}:{j}", a.name());
+                match a {
+                    Algorithm::FixedWindow => conn.cmd_ok(&["HSET", &key, "w", x, "n", y]),
+                    Algorithm::SlidingWindow => {
+                        conn.cmd_ok(&["HSET", &key, "w", x, "c", y, "p", y])
+                    }
+                    Algorithm::TokenBucket => conn.cmd_ok(&["HSET", &key, "n", x, "t", y]),
+                    Algorithm::LeakyBucket => conn.cmd_ok(&["HSET", &key, "l", x, "t", y]),
+                    Algorithm::Gcra => conn.cmd_ok(&["SET", &key, x]),
+                    Algorithm::SlidingLog => {
+                        let score = x.parse::<f64>().unwrap_or(-1.0).to_string();
+                        conn.cmd_ok(&["ZADD", &key, &score, y, &future, "f"])
+                    }
+                };
+                seeded += 1;
+                let admitted = (0..20)
+                    .filter(|_| lua.at(&limit(&key, p, 1), now).code == Code::Allowed)
+                    .count() as u64;
+                assert!(
+                    admitted <= c,
+                    "{a:?} seeded {x:?}/{y:?}: {admitted} admitted"
+                );
+            }
+        }
+    }
+    assert_eq!(seeded, 6 * values.len() * values.len());
+}
+
+#[test]
+fn wrong_typed_keys_and_bad_arguments_are_errors_that_write_nothing() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut conn = redis.conn();
+    // Trap 12: the second limit's key has the wrong type; the first must not be charged.
+    conn.cmd_ok(&["RPUSH", "wrong", "x"]);
+    for a in Algorithm::ALL {
+        let p = params(a, 5, 60 * S, None);
+        let good = format!("good:{}", a.name());
+        let err = lua
+            .call(&[limit(&good, p, 1), limit("wrong", p, 1)], true, Some(T0))
+            .unwrap_err();
+        assert!(err.contains("WRONGTYPE"), "{a:?}: {err}");
+        assert_eq!(conn.cmd_ok(&["EXISTS", &good]).as_int(), 0, "{a:?}");
+    }
+    // Every ARGV is checked before any write.
+    let p = params(Algorithm::TokenBucket, 5, 60 * S, None);
+    let good = scripts::argv("n", true, &[limit("k", p, 1)]);
+    let cases: Vec<(usize, &str)> = vec![
+        (1, "2"),     // commit flag
+        (2, "nope"),  // algorithm
+        (3, "0"),     // limit
+        (4, "-1"),    // window
+        (5, "1.5"),   // capacity
+        (6, "abc"),   // interval
+        (7, "5000"),  // unit
+        (8, "1e3"),   // cost
+        (9, "7"),     // shadow flag
+        (4, "1e300"), // window
+    ];
+    for (i, bad) in cases {
+        let mut args = good.clone();
+        args[i] = bad.to_owned();
+        let mut cmd: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), "1".into(), "k".into()];
+        cmd.extend(args);
+        cmd.push(T0.to_string());
+        let err = lua.raw(&cmd).unwrap_err();
+        assert!(err.contains("sluice: "), "ARGV[{}] = {bad}: {err}", i + 1);
+        assert_eq!(conn.cmd_ok(&["EXISTS", "k"]).as_int(), 0);
+    }
+    let mut cmd: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), "1".into(), "k".into()];
+    cmd.extend(good[..5].iter().cloned());
+    cmd.push(T0.to_string());
+    assert!(lua.raw(&cmd).unwrap_err().contains("expected"));
+}
+
+#[test]
+fn sorted_set_members_never_collide_within_a_microsecond() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let p = params(Algorithm::SlidingLog, 1000, 60 * S, None);
+    // Many calls, several connections, all at the very same µs (trap 4).
+    let (mut admitted, mut sent) = (0, 0);
+    let mut luas: Vec<Lua> = (0..4).map(|_| Lua::pinned(redis.conn())).collect();
+    for (i, lua) in luas.iter_mut().enumerate() {
+        lua.nonce = i as u64 * 1_000_000;
+    }
+    for round in 0..100 {
+        let lua = &mut luas[round % 4];
+        let c = 1 + round as u64 % 3;
+        sent += c;
+        if lua.at(&limit("log", p, c), T0).code == Code::Allowed {
+            admitted += c;
+        }
+    }
+    assert_eq!(admitted, sent, "N = 1000 admits all");
+    assert_eq!(conn.cmd_ok(&["ZCARD", "log"]).as_int() as u64, admitted);
+}
+
+#[test]
+fn a_hammered_sliding_log_stays_bounded_and_expires() {
+    // Real clock (production entry): 10× the limit for 3 windows, then silence (trap 5).
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let mut lua = Lua::production(redis.conn());
+    let p = params(Algorithm::SlidingLog, 5, S, None);
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    let mut sent = 0;
+    while std::time::Instant::now() < until && sent < 10_000 {
+        lua.call(&[limit("hammer", p, 1)], true, None).unwrap();
+        sent += 1;
+        let n = conn.cmd_ok(&["ZCARD", "hammer"]).as_int();
+        assert!(n <= 5, "ZCARD {n}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sent > 50, "sent {sent}");
+    let gone = (0..40).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        conn.cmd_ok(&["EXISTS", "hammer"]).as_int() == 0
+    });
+    assert!(gone, "the key outlived a window of silence");
+}
+
+/// Redis's own clock, in µs.
+fn redis_now(conn: &mut Conn) -> u64 {
+    let t = conn.cmd_ok(&["TIME"]).as_array();
+    t[0].as_int() as u64 * S + t[1].as_int() as u64
+}
+
+#[test]
+fn retry_after_is_exact_at_the_store_clock() {
+    // Trap 9 with the production entry. The script's `now` for a call lies between TIME read
+    // just before and just after it, which makes every check below certain, not timed.
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    let mut lua = Lua::production(redis.conn());
+    for a in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::LeakyBucket,
+    ] {
+        let p = params(a, 2, S, None);
+        let key = format!("retry:{}", a.name());
+        let one = limit(&key, p, 1);
+        let (mut limited_at, mut retry) = (None, 0);
+        for _ in 0..10 {
+            let before = redis_now(&mut conn);
+            let d = lua.call(std::slice::from_ref(&one), true, None).unwrap()[0];
+            if d.code == Code::Limited {
+                (limited_at, retry) = (Some((before, redis_now(&mut conn))), d.retry_after_us);
+                break;
+            }
+        }
+        let (b0, a0) = limited_at.expect("the limit was reached");
+        assert!(retry > 0 && retry <= 2 * S, "{a:?} retry {retry}");
+        let mut saw_allowed = false;
+        for _ in 0..400 {
+            let before = redis_now(&mut conn);
+            let d = lua.call(&[limit(&key, p, 0)], true, None).unwrap()[0];
+            let after = redis_now(&mut conn);
+            let would = d.remaining >= 1;
+            if after - b0 < retry {
+                assert!(
+                    !would,
+                    "{a:?}: passes {} µs before the retry",
+                    retry - (after - b0)
+                );
+            } else if before - a0 >= retry {
+                assert!(
+                    would,
+                    "{a:?}: still limited {} µs after the retry",
+                    (before - a0) - retry
+                );
+                saw_allowed = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(saw_allowed, "{a:?}: never admitted after the retry");
+    }
+}
