@@ -165,7 +165,19 @@ impl RedisStore {
     /// `sluice check --connect`; requests never wait for this.
     pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
         match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
-            Ok(Ok(())) => self.ping().await,
+            Ok(Ok(())) => {
+                // Load the script up front (on every primary of a cluster), so the first
+                // requests need not each discover NOSCRIPT.
+                let load = self
+                    .pool
+                    .next()
+                    .script_load_cluster::<String, _>(scripts::SCRIPT);
+                match tokio::time::timeout(within, load).await {
+                    Ok(Ok(_)) => self.ping().await,
+                    Ok(Err(e)) => Err(store_error(&e)),
+                    Err(_) => Err(StoreError::Timeout),
+                }
+            }
             Ok(Err(e)) => Err(store_error(&e)),
             Err(_) => Err(StoreError::Connection(format!(
                 "no connection within {within:?}"

@@ -1,0 +1,309 @@
+//! `RedisStore` (fred, pooled, pipelined) against real `redis-server` processes: exact
+//! admission under concurrency from several clients, one EVALSHA per decision, NOSCRIPT,
+//! no double charge when connections are killed, timeouts and the breaker, Cluster slots.
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::algo::{Algorithm, Code, Params};
+use sluice::config::file::RedisMode;
+use sluice::store::redis::RedisStore;
+use sluice::store::{LimitCall, StoreError};
+use sluice::table::RedisSettings;
+use support::redis::{info_field, Conn, RedisCluster, RedisServer};
+
+const S: u64 = 1_000_000;
+
+fn settings(mode: RedisMode, url: Option<String>, nodes: Vec<String>) -> RedisSettings {
+    RedisSettings {
+        url,
+        mode,
+        nodes,
+        sentinel_service: None,
+        password: None,
+        pool_size: 4,
+        timeout: Duration::from_millis(200),
+        key_prefix: "sluice:".into(),
+    }
+}
+
+async fn standalone(redis: &RedisServer, timeout_ms: u64) -> Arc<RedisStore> {
+    let mut s = settings(RedisMode::Standalone, Some(redis.url()), vec![]);
+    s.timeout = Duration::from_millis(timeout_ms);
+    let store = RedisStore::connect(&s).unwrap();
+    store.wait_connected(Duration::from_secs(5)).await.unwrap();
+    Arc::new(store)
+}
+
+fn call(key: &str, a: Algorithm, n: u64, w: u64) -> LimitCall {
+    LimitCall {
+        key: key.to_owned(),
+        params: Params::new(a, n, w, None).unwrap(),
+        cost: 1,
+        shadow: false,
+    }
+}
+
+fn stat(conn: &mut Conn, cmd: &str) -> u64 {
+    let info = conn.cmd_ok(&["INFO", "commandstats"]).as_str();
+    info_field(&info, &format!("cmdstat_{cmd}"))
+        .and_then(|v| v.split(',').next()?.strip_prefix("calls=")?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_decisions_from_several_clients_admit_exactly_capacity() {
+    let redis = RedisServer::start();
+    let stores = [
+        standalone(&redis, 2000).await,
+        standalone(&redis, 2000).await,
+        standalone(&redis, 2000).await,
+    ];
+    let mut conn = redis.conn();
+    for round in 0..3 {
+        conn.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        let key = format!("sluice:r:l:token_bucket:{{{round}}}");
+        // Capacity 10, negligible refill (10 per 7 days).
+        let c = call(&key, Algorithm::TokenBucket, 10, 7 * 86_400 * S);
+        let tasks: Vec<_> = (0..500)
+            .map(|i| {
+                let (s, c) = (stores[i % 3].clone(), c.clone());
+                tokio::spawn(async move { s.decide(&[c]).await.unwrap()[0] })
+            })
+            .collect();
+        let mut admitted = 0;
+        for t in tasks {
+            admitted += t.await.unwrap().allowed() as u32;
+        }
+        assert_eq!(admitted, 10, "round {round}");
+        // Trap 1: one EVALSHA per decision and nothing else. (commandstats also counts the
+        // commands a script runs: token_bucket reads once per call and writes only admitted
+        // requests; GET/SET and friends are not its commands, so they must stay at 0.)
+        assert_eq!(stat(&mut conn, "evalsha"), 500);
+        assert_eq!(stat(&mut conn, "eval"), 0);
+        assert_eq!(stat(&mut conn, "hmget"), 500);
+        assert_eq!(stat(&mut conn, "hset"), 10);
+        for stray in ["get", "set", "hget", "incr", "zadd", "multi", "watch"] {
+            assert_eq!(stat(&mut conn, stray), 0, "{stray} outside the script");
+        }
+    }
+}
+
+#[tokio::test]
+async fn after_script_flush_the_next_decision_succeeds_and_is_charged_once() {
+    let redis = RedisServer::start();
+    let store = standalone(&redis, 2000).await;
+    let mut conn = redis.conn();
+    let c = call(
+        "sluice:r:l:sliding_log:{x}",
+        Algorithm::SlidingLog,
+        100,
+        3600 * S,
+    );
+    for i in 1..=4u64 {
+        conn.cmd_ok(&["SCRIPT", "FLUSH"]);
+        let d = store.decide(std::slice::from_ref(&c)).await.unwrap()[0];
+        assert_eq!((d.code, d.remaining), (Code::Allowed, 100 - i));
+        assert_eq!(conn.cmd_ok(&["ZCARD", &c.key]).as_int() as u64, i);
+    }
+    // After a restart too (the script cache is gone with the process).
+    let mut redis = redis;
+    redis.restart();
+    let ok = support::eventually(Duration::from_secs(5), || {
+        let (s, c) = (store.clone(), c.clone());
+        async move { s.decide(&[c]).await.is_ok() }
+    })
+    .await;
+    assert!(ok, "no decision within 5 s of the restart");
+    assert_eq!(redis.conn().cmd_ok(&["ZCARD", &c.key]).as_int(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_never_cause_a_double_charge() {
+    // Trap 14: decisions in flight while CLIENT KILL drops the connections. A re-sent
+    // decision would log a second entry with the same nonce (members are
+    // `now:nonce:limit:unit`), so every nonce must appear at most once.
+    let redis = RedisServer::start();
+    let store = standalone(&redis, 500).await;
+    let key = "sluice:r:l:sliding_log:{kill}";
+    let c = call(key, Algorithm::SlidingLog, 10_000, 3600 * S);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let killer = {
+        let (mut conn, stop) = (redis.conn(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10));
+                conn.cmd_ok(&["CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"]);
+            }
+        })
+    };
+    let started = Instant::now();
+    let (mut ok, mut failed) = (0u64, 0u64);
+    // Until a few decisions were cut off in flight (bounded: 10 s).
+    while (failed < 5 || started.elapsed() < Duration::from_millis(500))
+        && started.elapsed() < Duration::from_secs(10)
+    {
+        let batch: Vec<_> = (0..50)
+            .map(|_| {
+                let (s, c) = (store.clone(), c.clone());
+                tokio::spawn(async move { s.decide(&[c]).await })
+            })
+            .collect();
+        for t in batch {
+            match t.await.unwrap() {
+                Ok(d) => ok += d[0].allowed() as u64,
+                Err(_) => failed += 1,
+            }
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    killer.join().unwrap();
+    let mut conn = redis.conn();
+    let members = conn.cmd_ok(&["ZRANGE", key, "0", "-1"]).as_array();
+    let mut nonces: Vec<String> = members
+        .iter()
+        .map(|m| m.as_str().split(':').nth(1).unwrap().to_owned())
+        .collect();
+    let n = nonces.len() as u64;
+    nonces.sort();
+    nonces.dedup();
+    assert_eq!(nonces.len() as u64, n, "a decision was applied twice");
+    assert!(n >= ok, "admitted {ok} but logged {n}");
+    assert!(n <= ok + failed, "logged {n} > sent {}", ok + failed);
+    assert!(failed > 0, "the kills hit nothing in flight (ok {ok})");
+}
+
+#[tokio::test]
+async fn a_paused_redis_times_out_then_the_breaker_fails_fast_and_recovers() {
+    let redis = RedisServer::start();
+    let store = standalone(&redis, 50).await;
+    let c = call("sluice:r:l:gcra:{p}", Algorithm::Gcra, 100, 60 * S);
+    let mut conn = redis.conn();
+    conn.cmd_ok(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let mut kinds = vec![];
+    let started = Instant::now();
+    for _ in 0..10 {
+        kinds.push(store.decide(std::slice::from_ref(&c)).await.unwrap_err());
+    }
+    // Five timeouts open the breaker; after that, no call waits at all.
+    let timeouts = kinds.iter().filter(|k| **k == StoreError::Timeout).count();
+    assert_eq!(timeouts, 5, "{kinds:?}");
+    assert_eq!(kinds[5..], vec![StoreError::BreakerOpen; 5]);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "10 calls with a 50 ms timeout took {:?}",
+        started.elapsed()
+    );
+    // Probes go through at least twice a second; once Redis answers, decisions resume.
+    let resumed = support::eventually(Duration::from_secs(4), || {
+        let (s, c) = (store.clone(), c.clone());
+        async move { s.decide(&[c]).await.is_ok() }
+    })
+    .await;
+    assert!(resumed, "limiting did not resume after the pause");
+}
+
+#[tokio::test]
+async fn a_dead_redis_fails_fast_and_peek_and_reset_work_once_back() {
+    let mut redis = RedisServer::start();
+    let store = standalone(&redis, 100).await;
+    let c = call(
+        "sluice:r:l:fixed_window:{d}",
+        Algorithm::FixedWindow,
+        3,
+        3600 * S,
+    );
+    store.decide(std::slice::from_ref(&c)).await.unwrap();
+    redis.kill();
+    let started = Instant::now();
+    for _ in 0..20 {
+        let e = store.decide(std::slice::from_ref(&c)).await.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Connection(_) | StoreError::BreakerOpen | StoreError::Timeout
+            ),
+            "{e:?}"
+        );
+    }
+    assert!(store.ping().await.is_err());
+    assert!(started.elapsed() < Duration::from_secs(3));
+    redis.restart();
+    let back = support::eventually(Duration::from_secs(4), || {
+        let (s, c) = (store.clone(), c.clone());
+        async move { s.decide(&[c]).await.is_ok() }
+    })
+    .await;
+    assert!(back, "no recovery within 4 s");
+    // The restarted Redis (no persistence) holds the one charge made since.
+    let peek = store.peek(&c.key, &c.params).await.unwrap();
+    assert_eq!((peek.now.remaining, peek.next.code), (2, Code::Allowed));
+    store.reset(&c.key).await.unwrap();
+    let peek = store.peek(&c.key, &c.params).await.unwrap();
+    assert_eq!((peek.now.remaining, peek.now.reset_after_us), (3, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_decides_across_slots_without_charging_refused_requests() {
+    let cluster = RedisCluster::start();
+    let s = settings(RedisMode::Cluster, None, cluster.seeds());
+    let store = RedisStore::connect(&s).unwrap();
+    store.wait_connected(Duration::from_secs(10)).await.unwrap();
+    let store = Arc::new(store);
+    // Two identities on (almost surely) different slots, and a third limit sharing a slot.
+    let per_ip = call("sluice:r:ip:gcra:{10.0.0.1}", Algorithm::Gcra, 3, 3600 * S);
+    let same_slot = call(
+        "sluice:r:ip2:fixed_window:{10.0.0.1}",
+        Algorithm::FixedWindow,
+        50,
+        3600 * S,
+    );
+    let per_route = call(
+        "sluice:r:all:token_bucket:{}",
+        Algorithm::TokenBucket,
+        100,
+        3600 * S,
+    );
+    assert_ne!(
+        support::redis::key_slot(per_ip.key.as_bytes()),
+        support::redis::key_slot(per_route.key.as_bytes())
+    );
+    let req = [per_ip.clone(), same_slot.clone(), per_route.clone()];
+    for i in 0..6 {
+        let d = store.decide(&req).await.unwrap();
+        assert_eq!(d[0].allowed(), i < 3, "request {i}: {d:?}");
+    }
+    // Refused requests charged nothing anywhere.
+    let peek = store.peek(&per_route.key, &per_route.params).await.unwrap();
+    assert_eq!(peek.now.remaining, 97);
+    let peek = store.peek(&same_slot.key, &same_slot.params).await.unwrap();
+    assert_eq!(peek.now.remaining, 47);
+    // Exact under concurrency on the cluster too.
+    let c = call(
+        "sluice:r:c:sliding_window:{conc}",
+        Algorithm::SlidingWindow,
+        10,
+        3600 * S,
+    );
+    let tasks: Vec<_> = (0..300)
+        .map(|_| {
+            let (s, c) = (store.clone(), c.clone());
+            tokio::spawn(async move { s.decide(&[c]).await.unwrap()[0].allowed() as u32 })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    assert_eq!(admitted, 10);
+    // NOSCRIPT on the node that owns the key: the next call reloads and is charged once.
+    cluster.for_each_node(|conn| {
+        conn.cmd_ok(&["SCRIPT", "FLUSH"]);
+    });
+    let d = store
+        .decide(std::slice::from_ref(&per_route))
+        .await
+        .unwrap()[0];
+    assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
+}
