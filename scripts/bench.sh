@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Load test: direct-to-upstream vs through sluice, in one run, on this machine.
+# Load test: direct-to-upstream vs through sluice (embedded and Redis store), in one run.
 #   scripts/bench.sh [DURATION]    (default 10s; needs wrk: apt-get install -y wrk)
 # sluice runs with ONE worker thread; wrk uses -t1 -c64 against a trivial upstream.
 # Prints requests/s, p99 latency and the ratio to direct for every scenario.
@@ -60,6 +60,49 @@ for s in "plain:/plain" "limited, allow path:/allow" "limited, 429 path:/deny"; 
   read -r rps p99 < <(run "$name" "http://127.0.0.1:$GW$path")
   row "sluice $name" "$rps" "$p99"
 done
+
+# Redis-backed routes (issue: Redis store), if redis-server is installed: a second sluice
+# (one worker) whose store is a local redis-server; every request is one EVALSHA.
+if command -v redis-server >/dev/null; then
+  RP=$(free_port); GW2=$(free_port); ADM2=$(free_port)
+  redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
+    --logfile "$tmp/redis.log" & pids+=($!)
+  cat > "$tmp/bench-redis.yaml" <<YAML
+listen: 127.0.0.1:$GW2
+admin_listen: 127.0.0.1:$ADM2
+workers: 1
+store:
+  kind: redis
+  redis: { url: "redis://127.0.0.1:$RP/0", timeout: 200ms, pool_size: 4 }
+  on_error: deny
+upstreams:
+  up: { targets: [http://127.0.0.1:$UP] }
+routes:
+  - name: allow
+    match: { path_prefix: /allow }
+    upstream: up
+    limits:
+      - { name: per-ip, by: ip, algorithm: token_bucket, rate: 10000000/1s }
+  - name: deny
+    match: { path_prefix: /deny }
+    upstream: up
+    limits:
+      - { name: per-ip, by: ip, algorithm: fixed_window, rate: 1/7d }
+YAML
+  RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/bench-redis.yaml" 2>/dev/null & pids+=($!)
+  sleep 1
+  curl -s -o /dev/null "http://127.0.0.1:$GW2/deny"
+  redis-cli -p "$RP" CONFIG RESETSTAT >/dev/null
+  t0=$(date +%s.%N)
+  for s in "redis-limited, allow path:/allow" "redis-limited, 429 path:/deny"; do
+    name=${s%%:*}; path=${s#*:}
+    read -r rps p99 < <(run "$name" "http://127.0.0.1:$GW2$path")
+    row "sluice $name" "$rps" "$p99"
+  done
+  t1=$(date +%s.%N)
+  calls=$(redis-cli -p "$RP" INFO commandstats | awk -F'[=,:]' '/^cmdstat_evalsha/ {print $3}')
+  awk -v c="$calls" -v a="$t0" -v b="$t1" 'BEGIN{printf "%-28s %12.0f evalsha/s over both redis runs (%d calls)\n", "redis decisions", c/(b-a), c}'
+fi
 
 # Reference on the same machine, if nginx is installed: one worker, keep-alive upstream,
 # limit_req for the 429 path, access log on (as sluice's).

@@ -185,6 +185,18 @@ impl RedisStore {
         }
     }
 
+    /// A connected pooled client, or a connection error right away. A command handed to a
+    /// client that is still (re)connecting would be queued and sent once it connects, long
+    /// after its request was answered by the policy: a late charge for a request that was
+    /// never decided. Not sending it at all is the only safe choice.
+    fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
+        let client = self.pool.next_connected();
+        if !client.is_connected() {
+            return Err(StoreError::Connection("not connected to redis".into()));
+        }
+        Ok(client.with_options(&self.opts))
+    }
+
     fn nonce(&self) -> String {
         let n = self.counter.fetch_add(1, Ordering::Relaxed);
         format!("{}{n:x}", self.nonce_prefix)
@@ -193,12 +205,16 @@ impl RedisStore {
     /// One script call (keys all in one slot). NOSCRIPT means it did not run: send it once
     /// more with the script itself.
     async fn eval(&self, calls: &[LimitCall], commit: bool) -> Result<Vec<Decision>, StoreError> {
-        let keys: Vec<&str> = calls.iter().map(|c| c.key.as_str()).collect();
-        let args = scripts::argv(&self.nonce(), commit, calls);
-        let client = self.pool.next().with_options(&self.opts);
+        let nonce = self.nonce();
+        let keys = || calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>();
+        let client = self.client()?;
+        let argv = scripts::argv(&nonce, commit, calls);
         let reply: Result<Vec<i64>, Error> =
-            match client.evalsha(&self.sha, keys.clone(), args.clone()).await {
-                Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys, args).await,
+            match client.evalsha(self.sha.as_str(), keys(), argv).await {
+                Err(e) if is_noscript(&e) => {
+                    let argv = scripts::argv(&nonce, commit, calls);
+                    client.eval(scripts::SCRIPT, keys(), argv).await
+                }
                 other => other,
             };
         let reply = reply.map_err(|e| store_error(&e))?;
@@ -278,7 +294,7 @@ impl RedisStore {
     }
 
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        let client = self.pool.next().with_options(&self.opts);
+        let client = self.client()?;
         self.guarded(async {
             client
                 .del::<i64, _>(key)
@@ -291,12 +307,14 @@ impl RedisStore {
 
     /// PING, bounded by `timeout`; it also serves as a breaker probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let client = self.pool.next().with_options(&self.opts);
-        let r = tokio::time::timeout(self.timeout, client.ping::<String>(None))
-            .await
-            .unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, "ping timed out")))
-            .map(|_| ())
-            .map_err(|e| store_error(&e));
+        let r = match self.client() {
+            Ok(client) => tokio::time::timeout(self.timeout, client.ping::<String>(None))
+                .await
+                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, "ping timed out")))
+                .map(|_| ())
+                .map_err(|e| store_error(&e)),
+            Err(e) => Err(e),
+        };
         self.breaker.record(&r);
         r
     }

@@ -1,0 +1,902 @@
+//! The real `sluice` binary on real `redis-server` processes (standalone, cluster, sentinel):
+//! one exact limit shared by several gateways with one script call per request, decisions at
+//! Redis's clock whatever the gateway's clock says, each `on_error` policy while Redis is
+//! dead, paused or sleeping (never waiting past `timeout`), startup without Redis, and
+//! automatic recovery when it comes back.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use support::redis::{key_slot, Conn, RedisCluster, RedisServer, Sentinel};
+use support::*;
+
+// ---------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------
+
+/// One route under `path_prefix: /{name}` with one or more limits (YAML flow maps).
+fn route(name: &str, extra: &str, limits: &[&str]) -> String {
+    let mut s = format!(
+        "  - name: {name}\n    match: {{ path_prefix: /{name} }}\n    upstream: up\n{extra}    limits:\n"
+    );
+    for l in limits {
+        s.push_str(&format!("      - {l}\n"));
+    }
+    s
+}
+
+/// A whole config (minus the listeners) on the given `store.redis` map and `on_error`.
+fn config(redis: &str, on_error: &str, up: &Upstream, routes: &[String]) -> String {
+    format!(
+        "store:\n  kind: redis\n  redis: {redis}\n  on_error: {on_error}\n\
+         client_ip:\n  trusted_proxies: [127.0.0.1/32]\n\
+         upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n{}",
+        up.url(),
+        routes.concat()
+    )
+}
+
+/// GET `path` on `s` as client `ip` (through the trusted X-Forwarded-For).
+async fn hit(c: &HttpClient, s: &Sluice, path: &str, ip: &str) -> Reply {
+    get(c, &s.url(path), &[("x-forwarded-for", ip)]).await
+}
+
+/// `n` sequential requests as client `ip`: their statuses.
+async fn statuses(c: &HttpClient, s: &Sluice, path: &str, ip: &str, n: usize) -> Vec<u16> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(hit(c, s, path, ip).await.status.as_u16());
+    }
+    v
+}
+
+fn times(status: u16, n: usize) -> Vec<u16> {
+    vec![status; n]
+}
+
+/// Sluice's log once its buffer is flushed (it flushes every 100 ms): for failure messages.
+fn log_of(s: &Sluice) -> String {
+    std::thread::sleep(Duration::from_millis(250));
+    s.log()
+}
+
+/// Wait until the gateway has connected its whole Redis pool ("store reachable") and
+/// `/readyz` answers 200: requests before that follow `on_error` by design.
+async fn wait_store(c: &HttpClient, s: &Sluice) {
+    s.wait_log(&["store reachable"]);
+    let ok = eventually(Duration::from_secs(5), || async {
+        readyz(c, s).await == 200
+    })
+    .await;
+    assert!(ok, "/readyz never answered 200\n{}", log_of(s));
+}
+
+/// `remaining` of one key through the admin peek (`key` None for `by: route`); retried for
+/// up to 3 s while the store does not answer.
+async fn peek_remaining(
+    c: &HttpClient,
+    s: &Sluice,
+    route: &str,
+    limit: &str,
+    key: Option<&str>,
+) -> u64 {
+    let url = match key {
+        Some(k) => s.admin_url(&format!("/admin/limits/{route}/{limit}?key={k}")),
+        None => s.admin_url(&format!("/admin/limits/{route}/{limit}")),
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    loop {
+        let r = get(c, &url, &[]).await;
+        if r.status == 200 {
+            return r.json()["remaining"].as_u64().expect("remaining");
+        }
+        assert!(Instant::now() < deadline, "peek {url}: {r:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// After Redis is back (`back`): wait (≤ 5 s) until `path` is decided by Redis again for a
+/// throw-away client, then until SPEC §3's bound (2 s after Redis answers) has passed.
+async fn wait_recovered(c: &HttpClient, s: &Sluice, path: &str, back: Instant) {
+    let ok = eventually(Duration::from_secs(5), || async {
+        hit(c, s, path, "10.255.255.255").await.status == 200
+    })
+    .await;
+    assert!(
+        ok,
+        "{path} never recovered after Redis came back\n{}",
+        log_of(s)
+    );
+    eprintln!(
+        "first Redis decision {:?} after Redis restarted",
+        back.elapsed()
+    );
+    if let Some(rest) = Duration::from_secs(2).checked_sub(back.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+}
+
+async fn readyz(c: &HttpClient, s: &Sluice) -> u16 {
+    get(c, &s.admin_url("/readyz"), &[]).await.status.as_u16()
+}
+
+/// `INFO commandstats` as `name -> (calls, failed_calls)`.
+fn commandstats(conn: &mut Conn) -> BTreeMap<String, (u64, u64)> {
+    let text = conn.cmd_ok(&["INFO", "commandstats"]).as_str();
+    text.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |f: &str| {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('=')?.parse().ok())
+                    .unwrap_or(0u64)
+            };
+            Some((name.to_string(), (field("calls"), field("failed_calls"))))
+        })
+        .collect()
+}
+
+/// Sum of `sluice_store_errors_total` over the given kinds.
+fn store_errors(text: &str, kinds: &[&str]) -> f64 {
+    kinds
+        .iter()
+        .map(|k| metric(text, "sluice_store_errors_total", &[("kind", k)]))
+        .sum()
+}
+
+fn outcome(text: &str, route: &str, outcome: &str) -> f64 {
+    metric(
+        text,
+        "sluice_requests_total",
+        &[("route", route), ("outcome", outcome)],
+    )
+}
+
+/// Seconds since the epoch of an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`).
+fn http_date_secs(s: &str) -> i64 {
+    let p: Vec<&str> = s.split_whitespace().collect();
+    assert!(p.len() == 6 && p[5] == "GMT", "not an HTTP date: {s:?}");
+    let day: i64 = p[1].parse().unwrap();
+    let month = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ]
+    .iter()
+    .position(|m| *m == p[2])
+    .unwrap_or_else(|| panic!("bad month in {s:?}")) as i64
+        + 1;
+    let year: i64 = p[3].parse().unwrap();
+    let hms: Vec<i64> = p[4].split(':').map(|x| x.parse().unwrap()).collect();
+    // Days from civil (Howard Hinnant).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    days * 86_400 + hms[0] * 3600 + hms[1] * 60 + hms[2]
+}
+
+/// The preload library of the `faketime` Debian package; panics with how to install it.
+fn libfaketime() -> String {
+    const HINT: &str = "install faketime: apt-get install -y faketime";
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if !std::env::split_paths(&path).any(|d| d.join("faketime").is_file()) {
+        panic!("faketime not found on PATH: {HINT}");
+    }
+    let mut candidates: Vec<String> = std::process::Command::new("dpkg")
+        .args(["-L", "libfaketime"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.ends_with("/libfaketime.so.1"))
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default();
+    candidates.extend(
+        [
+            "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+            "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+            "/usr/lib/faketime/libfaketime.so.1",
+            "/usr/local/lib/faketime/libfaketime.so.1",
+        ]
+        .map(str::to_owned),
+    );
+    candidates
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .unwrap_or_else(|| panic!("libfaketime.so.1 not found: {HINT}"))
+}
+
+/// `sluice check --connect -c FILE`: (exit code, stdout, stderr).
+async fn check_connect(s: &Sluice) -> (i32, String, String) {
+    let path = s.config_path.clone();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(sluice_bin())
+            .arg("check")
+            .arg("--connect")
+            .arg("-c")
+            .arg(&path)
+            .output()
+            .expect("run sluice check");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    })
+    .await
+    .unwrap()
+}
+
+/// A `MONITOR` connection: tells the commands clients sent from those scripts ran.
+struct Monitor {
+    reader: std::io::BufReader<std::net::TcpStream>,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Monitor {
+        use std::io::{BufRead, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").unwrap();
+        let mut reader = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        reader.read_line(&mut ok).unwrap();
+        assert_eq!(ok.trim_end(), "+OK", "MONITOR");
+        Monitor { reader }
+    }
+
+    /// Stop after a marker sent on `conn`; the command names clients sent (without the
+    /// marker) and the set of command names scripts ran.
+    fn finish(mut self, conn: &mut Conn) -> (Vec<String>, std::collections::BTreeSet<String>) {
+        use std::io::BufRead;
+        let marker = "sluice-test-monitor-end";
+        conn.cmd_ok(&["ECHO", marker]);
+        let (mut clients, mut scripts) = (Vec::new(), std::collections::BTreeSet::new());
+        for _ in 0..1_000_000 {
+            let mut line = String::new();
+            let n = self.reader.read_line(&mut line).expect("MONITOR stream");
+            assert!(n > 0, "MONITOR stream closed");
+            if line.contains(marker) {
+                return (clients, scripts);
+            }
+            // +1700000000.123456 [0 127.0.0.1:5555] "evalsha" "..." / [0 lua] "get" "..."
+            let Some((source, rest)) = line.split_once("] ") else {
+                continue;
+            };
+            let name = rest
+                .split('"')
+                .nth(1)
+                .unwrap_or_default()
+                .to_ascii_lowercase();
+            if source.ends_with(" lua") {
+                scripts.insert(name);
+            } else {
+                clients.push(name);
+            }
+        }
+        panic!("MONITOR never showed the end marker");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Tests
+// ---------------------------------------------------------------------------------------
+
+/// Trap 1: three gateways, one Redis, ~450 concurrent requests over several connections
+/// against limits of 10: exactly 10 admitted per limit, and Redis saw one EVALSHA per request
+/// and nothing else.
+#[tokio::test]
+async fn several_gateways_share_one_exact_limit() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    // A generous timeout and fail-closed: a slow decision under this burst must show up as a
+    // 503, never as an extra 200.
+    let yaml = config(
+        &format!("{{ url: \"{}\", timeout: 3s, pool_size: 4 }}", redis.url()),
+        "deny",
+        &up,
+        &[
+            route(
+                "warm",
+                "",
+                &["{ name: w, by: ip, algorithm: sliding_log, rate: 100/1h }"],
+            ),
+            route(
+                "tb",
+                "",
+                &["{ name: shared, by: route, algorithm: token_bucket, rate: 10/1h }"],
+            ),
+            route(
+                "gcra",
+                "",
+                &["{ name: shared, by: route, algorithm: gcra, rate: 10/1h }"],
+            ),
+        ],
+    );
+    let gws: Vec<Sluice> = (0..3).map(|_| Sluice::start(&yaml)).collect();
+    let c = client();
+    // Every gateway has its whole pool connected and the script is cached before counting.
+    for g in &gws {
+        wait_store(&c, g).await;
+        assert_eq!(hit(&c, g, "/warm", "10.9.9.9").await.status, 200);
+    }
+    let mut conn = redis.conn();
+    conn.cmd_ok(&["CONFIG", "RESETSTAT"]);
+    let monitor = Monitor::start(redis.port);
+    let hits_before = up.hits();
+
+    let mut sent = 0u64;
+    for (path, n) in [("/tb", 300usize), ("/gcra", 150)] {
+        let clients: Vec<HttpClient> = (0..6).map(|_| client()).collect();
+        let mut tasks = Vec::with_capacity(n);
+        for i in 0..n {
+            let c = clients[i % clients.len()].clone();
+            let url = gws[(i / 2) % gws.len()].url(path);
+            tasks.push(tokio::spawn(async move {
+                get(&c, &url, &[]).await.status.as_u16()
+            }));
+        }
+        let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+        for t in tasks {
+            *by_status.entry(t.await.unwrap()).or_default() += 1;
+        }
+        sent += n as u64;
+        let expected: BTreeMap<u16, usize> = [(200, 10), (429, n - 10)].into();
+        assert_eq!(
+            by_status,
+            expected,
+            "{path}: {n} concurrent requests over 3 gateways against one limit of 10\n\
+             gateway 0 log:\n{}",
+            log_of(&gws[0])
+        );
+    }
+    assert_eq!(
+        up.hits() - hits_before,
+        20,
+        "only admitted requests reach upstream"
+    );
+
+    // What the gateways sent, told apart from what the script ran inside Redis.
+    let (from_clients, from_scripts) = monitor.finish(&mut conn);
+    let sent_by_gateways: BTreeMap<&str, usize> =
+        from_clients.iter().fold(BTreeMap::new(), |mut m, c| {
+            *m.entry(c.as_str()).or_default() += 1;
+            m
+        });
+    let script_calls = sent_by_gateways.get("evalsha").copied().unwrap_or(0)
+        + sent_by_gateways.get("eval").copied().unwrap_or(0);
+    assert!(
+        sent_by_gateways
+            .keys()
+            .all(|k| matches!(*k, "evalsha" | "eval")),
+        "the gateways sent commands other than script calls: {sent_by_gateways:?}"
+    );
+    assert_eq!(
+        sent_by_gateways.get("evalsha").copied().unwrap_or(0) as u64,
+        sent,
+        "one EVALSHA per request: {sent_by_gateways:?}"
+    );
+
+    let stats = commandstats(&mut conn);
+    let calls = |name: &str| stats.get(name).copied().unwrap_or((0, 0));
+    let (evalsha, evalsha_failed) = calls("evalsha");
+    let (eval, _) = calls("eval");
+    assert_eq!(evalsha, sent, "one EVALSHA per request: {stats:?}");
+    assert_eq!(
+        evalsha - evalsha_failed + eval,
+        sent,
+        "each request's script ran exactly once (EVAL only after a NOSCRIPT): {stats:?}"
+    );
+    assert_eq!(
+        script_calls as u64,
+        evalsha + eval,
+        "MONITOR and INFO commandstats disagree: {stats:?}"
+    );
+    // Each script run reads Redis's clock once.
+    assert_eq!(calls("time").0, sent, "{stats:?}");
+    // Every other command in the stats ran inside the script, or is this test's own.
+    let stray: Vec<&String> = stats
+        .keys()
+        .filter(|k| {
+            !matches!(k.as_str(), "evalsha" | "eval" | "info" | "echo" | "monitor")
+                && !k.starts_with("config")
+                && !from_scripts.contains(*k)
+        })
+        .collect();
+    assert!(
+        stray.is_empty(),
+        "stray commands {stray:?} in {stats:?} (inside scripts: {from_scripts:?})"
+    );
+}
+
+/// Trap 2: a gateway one hour ahead (libfaketime) and a normal one share a sliding log of
+/// 5/1m: together they admit exactly 5, and their Retry-After values agree.
+#[tokio::test]
+async fn skewed_gateway_clock_changes_nothing() {
+    let lib = libfaketime();
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = config(
+        &format!("{{ url: \"{}\", timeout: 1s, pool_size: 2 }}", redis.url()),
+        "deny",
+        &up,
+        &[route(
+            "r",
+            "",
+            &["{ name: shared, by: route, algorithm: sliding_log, rate: 5/1m }"],
+        )],
+    );
+    let normal = Sluice::start(&yaml);
+    let skewed = Sluice::start_with(
+        &yaml,
+        &[
+            ("LD_PRELOAD", lib.as_str()),
+            ("FAKETIME", "+1h"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let c = client();
+    wait_store(&c, &normal).await;
+    wait_store(&c, &skewed).await;
+
+    // The skew is real: the gateways' own Date headers are an hour apart.
+    let date = |r: &Reply| http_date_secs(r.header("date").expect("Date header"));
+    let d_normal = date(&get(&c, &normal.admin_url("/healthz"), &[]).await);
+    let d_skewed = date(&get(&c, &skewed.admin_url("/healthz"), &[]).await);
+    let skew = d_skewed - d_normal;
+    assert!(
+        (3590..=3610).contains(&skew),
+        "the skewed gateway's clock is {skew}s ahead, not ~3600s (is libfaketime working?)"
+    );
+
+    let mut seen = Vec::new();
+    let mut retry: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
+    for i in 0..12 {
+        let g = if i % 2 == 0 { &normal } else { &skewed };
+        let r = get(&c, &g.url("/r"), &[]).await;
+        seen.push(r.status.as_u16());
+        if r.status == 429 {
+            let ra: u64 = r
+                .header("retry-after")
+                .expect("Retry-After on a 429")
+                .parse()
+                .unwrap();
+            retry[i % 2].push(ra);
+        }
+    }
+    let mut expected = times(200, 5);
+    expected.extend(times(429, 7));
+    assert_eq!(
+        seen,
+        expected,
+        "alternating between a normal and a +1h gateway on one 5/1m limit\nskewed log:\n{}",
+        log_of(&skewed)
+    );
+    let all: Vec<u64> = retry.concat();
+    let (lo, hi) = (*all.iter().min().unwrap(), *all.iter().max().unwrap());
+    assert!(
+        hi - lo <= 1 && (55..=60).contains(&lo),
+        "Retry-After normal {:?} vs skewed {:?}",
+        retry[0],
+        retry[1]
+    );
+}
+
+/// Trap 13 (dead Redis): each route's policy applies promptly while Redis is killed, metrics
+/// and /readyz say so, and limiting resumes on its own once Redis is back.
+#[tokio::test]
+async fn redis_down_follows_each_policy_and_recovers() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start();
+    let limit = "{ name: per-ip, by: ip, algorithm: token_bucket, rate: 3/1h }";
+    let yaml = config(
+        &format!(
+            "{{ url: \"{}\", timeout: 100ms, pool_size: 2 }}",
+            redis.url()
+        ),
+        "allow",
+        &up,
+        &[
+            route("allow", "    on_store_error: allow\n", &[limit]),
+            route("deny", "    on_store_error: deny\n", &[limit]),
+            route("local", "    on_store_error: local\n", &[limit]),
+        ],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let ip = "10.0.0.1";
+    for path in ["/allow", "/deny", "/local"] {
+        assert_eq!(
+            statuses(&c, &s, path, ip, 4).await,
+            [200, 200, 200, 429],
+            "{path} with Redis up\n{}",
+            log_of(&s)
+        );
+    }
+    assert_eq!(readyz(&c, &s).await, 200);
+    let before = s.metrics(&c).await;
+    let hits_before = up.hits();
+
+    redis.kill();
+    let started = Instant::now();
+    let mut deny = Vec::new();
+    for _ in 0..10 {
+        let r = hit(&c, &s, "/deny", "10.0.0.2").await;
+        deny.push(r.status.as_u16());
+        assert_eq!(
+            r.header("content-type"),
+            Some("application/problem+json"),
+            "{r:?}"
+        );
+        assert!(r.header("x-request-id").is_some(), "{r:?}");
+        assert_eq!(r.json()["status"], 503, "{r:?}");
+    }
+    // This client is limited in Redis: fail-open forwards it anyway.
+    let allow = statuses(&c, &s, "/allow", ip, 10).await;
+    // Limited in Redis too, but the embedded fallback starts from nothing.
+    let local = statuses(&c, &s, "/local", ip, 10).await;
+    let elapsed = started.elapsed();
+    assert_eq!(allow, times(200, 10), "/allow with Redis dead");
+    assert_eq!(deny, times(503, 10), "/deny with Redis dead");
+    let mut expected = times(200, 3);
+    expected.extend(times(429, 7));
+    assert_eq!(local, expected, "/local with Redis dead\n{}", log_of(&s));
+    assert!(
+        elapsed < Duration::from_secs(10),
+        "30 requests with Redis dead took {elapsed:?}"
+    );
+    assert_eq!(up.hits() - hits_before, 13, "10 allowed + 3 local");
+
+    let m = s.metrics(&c).await;
+    let delta = |route: &str, out: &str| outcome(&m, route, out) - outcome(&before, route, out);
+    assert_eq!(delta("allow", "store_error_allowed"), 10.0, "{m}");
+    assert_eq!(delta("deny", "store_error_denied"), 10.0, "{m}");
+    assert_eq!(delta("local", "store_error_allowed"), 3.0, "{m}");
+    assert_eq!(delta("local", "limited"), 7.0, "{m}");
+    let dead_kinds = ["connection", "breaker_open"];
+    assert!(
+        store_errors(&m, &dead_kinds) > 0.0,
+        "no connection/breaker_open store errors:\n{m}"
+    );
+    assert_eq!(
+        store_errors(&m, &["connection", "breaker_open", "timeout", "script"])
+            - store_errors(
+                &before,
+                &["connection", "breaker_open", "timeout", "script"]
+            ),
+        30.0,
+        "one store error per request:\n{m}"
+    );
+    assert_eq!(
+        metric(
+            &m,
+            "sluice_limit_decisions_total",
+            &[
+                ("route", "deny"),
+                ("limit", "per-ip"),
+                ("decision", "error")
+            ]
+        ),
+        10.0,
+        "{m}"
+    );
+    let r = get(&c, &s.admin_url("/readyz"), &[]).await;
+    assert_eq!(r.status, 503, "/readyz with Redis dead: {}", r.text());
+
+    redis.restart();
+    wait_recovered(&c, &s, "/deny", Instant::now()).await;
+    // Limiting is fully back: a fresh client gets exactly its 3, with no policy answer.
+    assert_eq!(
+        statuses(&c, &s, "/deny", "10.0.0.3", 4).await,
+        [200, 200, 200, 429],
+        "limiting after recovery\n{}",
+        log_of(&s)
+    );
+    // The restarted Redis starts empty; nothing decided while it was dead (503s, local
+    // decisions) may be charged to it afterwards.
+    for (route, ip) in [("deny", "10.0.0.2"), ("local", ip)] {
+        assert_eq!(
+            peek_remaining(&c, &s, route, "per-ip", Some(ip)).await,
+            3,
+            "{route}: requests answered while Redis was dead were charged once it came back\n{}",
+            log_of(&s)
+        );
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            readyz(&c, &s).await == 200
+        })
+        .await,
+        "/readyz never became ready again"
+    );
+}
+
+/// Trap 13 (slow Redis): under CLIENT PAUSE and DEBUG SLEEP no request waits past `timeout`
+/// (fail-open here), timeouts are counted, and limiting resumes afterwards.
+#[tokio::test]
+async fn paused_redis_never_holds_a_request_past_the_timeout() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = config(
+        &format!(
+            "{{ url: \"{}\", timeout: 50ms, pool_size: 2 }}",
+            redis.url()
+        ),
+        "allow",
+        &up,
+        &[route(
+            "a",
+            "",
+            &["{ name: per-ip, by: ip, algorithm: sliding_log, rate: 2/1h }"],
+        )],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let r = hit(&c, &s, "/a", "10.1.1.1").await;
+    assert!(
+        r.status == 200 && r.header("ratelimit").is_some(),
+        "Redis did not decide: {r:?}\n{}",
+        log_of(&s)
+    );
+
+    // Twenty requests while Redis is paused: each answered fast, all forwarded.
+    let batch = |ip: &'static str| {
+        let (c, s) = (&c, &s);
+        async move {
+            let started = Instant::now();
+            for i in 0..20 {
+                let t = Instant::now();
+                let r = hit(c, s, "/a", ip).await;
+                let took = t.elapsed();
+                assert_eq!(r.status, 200, "request {i} as {ip}: {r:?}");
+                assert!(took < Duration::from_secs(1), "request {i} took {took:?}");
+            }
+            started.elapsed()
+        }
+    };
+    let m0 = s.metrics(&c).await;
+    redis.conn().cmd_ok(&["CLIENT", "PAUSE", "3000", "ALL"]);
+    let paused_at = Instant::now();
+    let took = batch("10.1.1.2").await;
+    assert!(
+        took < Duration::from_secs(5),
+        "batch under CLIENT PAUSE took {took:?}"
+    );
+    let m1 = s.metrics(&c).await;
+    let timeouts = |m: &str| store_errors(m, &["timeout"]);
+    assert!(
+        timeouts(&m1) > timeouts(&m0),
+        "no timeout counted under CLIENT PAUSE:\n{m1}"
+    );
+    assert!(
+        outcome(&m1, "a", "store_error_allowed") - outcome(&m0, "a", "store_error_allowed") >= 5.0,
+        "{m1}"
+    );
+
+    // Limiting resumes once the pause is over.
+    let ok = eventually(Duration::from_secs(8), || async {
+        hit(&c, &s, "/a", "10.1.1.3").await.status == 429
+    })
+    .await;
+    assert!(ok, "no 429 after CLIENT PAUSE ended\n{}", log_of(&s));
+    assert!(
+        paused_at.elapsed() >= Duration::from_millis(2900),
+        "a 429 during the pause?"
+    );
+
+    // The same under DEBUG SLEEP, from another connection.
+    let port = redis.port;
+    let sleeper =
+        tokio::task::spawn_blocking(move || Conn::connect(port).cmd(&["DEBUG", "SLEEP", "2"]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let took = batch("10.1.1.4").await;
+    assert!(
+        took < Duration::from_secs(5),
+        "batch under DEBUG SLEEP took {took:?}"
+    );
+    let m2 = s.metrics(&c).await;
+    assert!(
+        timeouts(&m2) > timeouts(&m1),
+        "no timeout counted under DEBUG SLEEP:\n{m2}"
+    );
+    assert_eq!(sleeper.await.unwrap().as_str(), "OK");
+    let ok = eventually(Duration::from_secs(5), || async {
+        hit(&c, &s, "/a", "10.1.1.5").await.status == 429
+    })
+    .await;
+    assert!(ok, "no 429 after DEBUG SLEEP ended\n{}", log_of(&s));
+}
+
+/// Startup without Redis: the gateway serves per policy, is not ready, `check --connect`
+/// fails; once Redis appears on that port, limiting works and `check --connect` passes.
+#[tokio::test]
+async fn startup_with_redis_down_serves_per_policy() {
+    let mut redis = RedisServer::start();
+    redis.kill();
+    let up = Upstream::start();
+    let limit = "{ name: per-ip, by: ip, algorithm: gcra, rate: 3/1h }";
+    let yaml = config(
+        &format!(
+            "{{ url: \"{}\", timeout: 50ms, pool_size: 2 }}",
+            redis.url()
+        ),
+        "allow",
+        &up,
+        &[
+            route("deny", "    on_store_error: deny\n", &[limit]),
+            route("allow", "", &[limit]),
+        ],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    let ip = "10.2.0.1";
+    let deny = statuses(&c, &s, "/deny", ip, 5).await;
+    assert_eq!(deny, times(503, 5), "{}", log_of(&s));
+    assert_eq!(statuses(&c, &s, "/allow", ip, 5).await, times(200, 5));
+    assert_eq!(readyz(&c, &s).await, 503);
+    assert_eq!(
+        get(&c, &s.admin_url("/healthz"), &[]).await.status,
+        200,
+        "the process keeps serving"
+    );
+    let (code, _, stderr) = check_connect(&s).await;
+    assert_eq!(code, 1, "check --connect with Redis down: {stderr}");
+    assert!(stderr.contains("store unreachable"), "{stderr}");
+
+    redis.restart();
+    wait_recovered(&c, &s, "/deny", Instant::now()).await;
+    assert_eq!(
+        statuses(&c, &s, "/deny", "10.2.0.2", 4).await,
+        [200, 200, 200, 429],
+        "limiting once Redis is up\n{}",
+        log_of(&s)
+    );
+    // The requests refused with 503 before Redis existed were never charged.
+    assert_eq!(
+        peek_remaining(&c, &s, "deny", "per-ip", Some(ip)).await,
+        3,
+        "requests answered 503 while Redis was down were charged once it came up\n{}",
+        log_of(&s)
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            readyz(&c, &s).await == 200
+        })
+        .await,
+        "/readyz never became ready"
+    );
+    let (code, stdout, stderr) = check_connect(&s).await;
+    assert_eq!(code, 0, "check --connect with Redis up: {stderr}");
+    assert!(stdout.contains("store: reachable"), "{stdout}");
+}
+
+/// Trap 10: on a three-primary cluster, a route with limits on two identities (so two slots)
+/// admits exactly 3 per client IP, and refused requests charge the per-route limit nothing.
+#[tokio::test]
+async fn cluster_gateway_limits_exactly() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start();
+    let nodes: Vec<String> = cluster.seeds().iter().map(|n| format!("\"{n}\"")).collect();
+    let yaml = config(
+        &format!(
+            "{{ mode: cluster, nodes: [{}], timeout: 500ms, pool_size: 2 }}",
+            nodes.join(", ")
+        ),
+        "deny",
+        &up,
+        &[route(
+            "r",
+            "",
+            &[
+                "{ name: per-ip, by: ip, algorithm: gcra, rate: 3/1h }",
+                "{ name: per-route, by: route, algorithm: sliding_log, rate: 100/1h }",
+            ],
+        )],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+
+    assert_eq!(
+        statuses(&c, &s, "/r", "10.3.0.1", 5).await,
+        [200, 200, 200, 429, 429],
+        "{}",
+        log_of(&s)
+    );
+    assert_eq!(
+        peek_remaining(&c, &s, "r", "per-route", None).await,
+        97,
+        "refused requests consumed the per-route limit"
+    );
+    for i in 2..=4 {
+        let ip = format!("10.3.0.{i}");
+        assert_eq!(
+            statuses(&c, &s, "/r", &ip, 4).await,
+            [200, 200, 200, 429],
+            "{ip}"
+        );
+    }
+    assert_eq!(
+        peek_remaining(&c, &s, "r", "per-route", None).await,
+        100 - 12
+    );
+    assert_eq!(
+        peek_remaining(&c, &s, "r", "per-ip", Some("10.3.0.1")).await,
+        0
+    );
+
+    // The two limits really live on different slots.
+    let mut keys = Vec::new();
+    cluster.for_each_node(|conn| {
+        for k in conn.cmd_ok(&["KEYS", "*"]).as_array() {
+            keys.push(k.as_str());
+        }
+    });
+    let route_key: Vec<&String> = keys.iter().filter(|k| k.contains(":per-route:")).collect();
+    let ip_keys: Vec<&String> = keys.iter().filter(|k| k.contains(":per-ip:")).collect();
+    assert_eq!(route_key.len(), 1, "{keys:?}");
+    assert_eq!(ip_keys.len(), 4, "{keys:?}");
+    let route_slot = key_slot(route_key[0].as_bytes());
+    assert!(
+        ip_keys.iter().all(|k| key_slot(k.as_bytes()) != route_slot),
+        "expected the limits on different slots: {keys:?}"
+    );
+}
+
+/// A sentinel-discovered master: 3 admitted, then 429 with Retry-After, state in the master.
+#[tokio::test]
+async fn sentinel_gateway_limits() {
+    let sentinel = Sentinel::start();
+    let up = Upstream::start();
+    let nodes: Vec<String> = sentinel
+        .sentinel_nodes()
+        .iter()
+        .map(|n| format!("\"{n}\""))
+        .collect();
+    let yaml = config(
+        &format!(
+            "{{ mode: sentinel, nodes: [{}], sentinel_service: {}, timeout: 500ms, pool_size: 2 }}",
+            nodes.join(", "),
+            sentinel.service()
+        ),
+        "deny",
+        &up,
+        &[route(
+            "r",
+            "",
+            &["{ name: per-ip, by: ip, algorithm: sliding_window, rate: 3/1h }"],
+        )],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    assert_eq!(
+        statuses(&c, &s, "/r", "10.4.0.1", 3).await,
+        [200, 200, 200],
+        "{}",
+        log_of(&s)
+    );
+    let r = hit(&c, &s, "/r", "10.4.0.1").await;
+    assert_eq!(r.status, 429);
+    let retry: u64 = r
+        .header("retry-after")
+        .expect("Retry-After")
+        .parse()
+        .unwrap();
+    assert!(retry >= 1, "{retry}");
+    let keys = sentinel.master.conn().cmd_ok(&["KEYS", "*"]).as_array();
+    assert!(
+        keys.iter().any(|k| k.as_str().contains(":per-ip:")),
+        "no limiter key in the master: {keys:?}"
+    );
+}
