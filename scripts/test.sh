@@ -18,4 +18,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-cargo test --all-targets
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+cargo test --all-targets 2>&1 | tee "$log"
+# One closing line for the whole run (cargo's own last line is that of its last target).
+awk '/^test result:/ {p += $4; f += $6} END {printf "all targets: %d passed, %d failed\n", p, f}' "$log"

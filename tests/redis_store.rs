@@ -307,3 +307,28 @@ async fn cluster_decides_across_slots_without_charging_refused_requests() {
         .unwrap()[0];
     assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
 }
+
+#[tokio::test]
+async fn password_protected_redis_needs_the_password() {
+    let redis = RedisServer::start();
+    redis
+        .conn()
+        .cmd_ok(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let mut s = settings(RedisMode::Standalone, Some(redis.url()), vec![]);
+    // Without it: the store never answers, and says why (no hang).
+    let store = RedisStore::connect(&s).unwrap();
+    assert!(store.wait_connected(Duration::from_secs(2)).await.is_err());
+    // `password_env` resolves into `password`, which wins over the URL.
+    s.password = Some("s3cret".into());
+    let store = RedisStore::connect(&s).unwrap();
+    store.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let c = call("sluice:r:l:gcra:{pw}", Algorithm::Gcra, 2, 60 * S);
+    let d = store.decide(std::slice::from_ref(&c)).await.unwrap()[0];
+    assert_eq!((d.code, d.remaining), (Code::Allowed, 1));
+    // And in the URL itself.
+    let url = format!("redis://:s3cret@{}/0", redis.addr());
+    let store = RedisStore::connect(&settings(RedisMode::Standalone, Some(url), vec![])).unwrap();
+    store.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let d = store.decide(&[c]).await.unwrap()[0];
+    assert_eq!((d.code, d.remaining), (Code::Allowed, 0));
+}
