@@ -134,8 +134,10 @@ pub fn store_key(rule: &LimitRule, material: &str) -> String {
     let mut key = String::with_capacity(rule.key_base.len() + 34);
     key.push_str(&rule.key_base);
     key.push('{');
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     for b in &digest[..16] {
-        key.push_str(&format!("{b:02x}"));
+        key.push(HEX[usize::from(b >> 4)] as char);
+        key.push(HEX[usize::from(b & 15)] as char);
     }
     key.push('}');
     key
@@ -264,4 +266,31 @@ pub async fn decide(route: &Route, plan: Plan, store: &Backend, local: &MemorySt
         adm.headline = tightest;
     }
     adm
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algo::Algorithm;
+
+    #[test]
+    fn store_key_is_the_base_and_128_bits_of_sha256_in_hex_braces() {
+        let rule = LimitRule {
+            name: "all".into(),
+            by: vec![KeyPart::Route],
+            params: Params::new(Algorithm::Gcra, 5, 1_000_000, None).unwrap(),
+            cost: Cost::Static(1),
+            shadow: false,
+            on_missing: OnMissing::Ip,
+            key_base: "sluice:r:all:gcra:".into(),
+            policy: HeaderValue::from_static("x"),
+        };
+        // SHA-256("") = e3b0c442 98fc1c14 9afbf4c8 996fb924 27ae41e4 ...
+        assert_eq!(
+            store_key(&rule, ""),
+            "sluice:r:all:gcra:{e3b0c44298fc1c149afbf4c8996fb924}"
+        );
+        // SHA-256("abc") = ba7816bf 8f01cfea 414140de 5dae2223 b00361a3 ...
+        assert!(store_key(&rule, "abc").ends_with(":{ba7816bf8f01cfea414140de5dae2223}"));
+    }
 }
