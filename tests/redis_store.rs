@@ -332,3 +332,68 @@ async fn password_protected_redis_needs_the_password() {
     let d = store.decide(&[c]).await.unwrap()[0];
     assert_eq!((d.code, d.remaining), (Code::Allowed, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_keeps_deciding_and_charges_once() {
+    let mut sentinel = support::redis::Sentinel::start();
+    let master_port = sentinel.master.port.to_string();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master_port]);
+    let mut sc = sentinel.sentinel_conn();
+    // The sentinel discovers replicas through the master's INFO (every 10 s at most).
+    let known = (0..150).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        sc.cmd_ok(&["SENTINEL", "REPLICAS", "mymaster"])
+            .as_array()
+            .len()
+            == 1
+    });
+    assert!(
+        known,
+        "the sentinel never saw the replica:\n{}",
+        sentinel.log()
+    );
+
+    let mut s = settings(RedisMode::Sentinel, None, sentinel.sentinel_nodes());
+    s.sentinel_service = Some("mymaster".into());
+    let store = RedisStore::connect(&s).unwrap();
+    store.wait_connected(Duration::from_secs(5)).await.unwrap();
+    let store = Arc::new(store);
+    let c = call(
+        "sluice:r:l:sliding_log:{fo}",
+        Algorithm::SlidingLog,
+        100,
+        3600 * S,
+    );
+    for _ in 0..3 {
+        store.decide(std::slice::from_ref(&c)).await.unwrap();
+    }
+    let mut master = sentinel.master.conn();
+    assert_eq!(
+        master.cmd_ok(&["WAIT", "1", "2000"]).as_int(),
+        1,
+        "replica in sync"
+    );
+
+    // The primary dies; the sentinel notices within a second and promotes the replica.
+    sentinel.master.kill();
+    let promoted = (0..150).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        let addr = sc.cmd_ok(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", "mymaster"]);
+        addr.as_array()[1].as_str() == replica.port.to_string()
+    });
+    assert!(promoted, "no failover:\n{}", sentinel.log());
+    // The client follows the new primary (whose script cache is empty: NOSCRIPT, then EVAL),
+    // and the first decision that succeeds there is charged exactly once.
+    let mut decided = None;
+    for _ in 0..100 {
+        if let Ok(d) = store.decide(std::slice::from_ref(&c)).await {
+            decided = Some(d[0]);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let d = decided.expect("no decision within 10 s of the promotion");
+    assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
+    let mut new_master = replica.conn();
+    assert_eq!(new_master.cmd_ok(&["ZCARD", &c.key]).as_int(), 4);
+}
