@@ -51,10 +51,10 @@ run() { # name url -> "rps p99_ms"
 }
 
 curl -s -o /dev/null "http://127.0.0.1:$GW/deny"   # use up the single allowed request
-printf '%-28s %12s %10s %8s\n' scenario req/s p99_ms ratio
+printf '%-34s %12s %10s %8s\n' scenario req/s p99_ms ratio
 read -r direct dp99 < <(run direct "http://127.0.0.1:$UP/")
-printf '%-28s %12.0f %10.2f %8s\n' "direct to upstream" "$direct" "$dp99" "1.00"
-row() { printf '%-28s %12.0f %10.2f %8.2f\n' "$1" "$2" "$3" "$(awk -v a="$2" -v b="$direct" 'BEGIN{print a/b}')"; }
+printf '%-34s %12.0f %10.2f %8s\n' "direct to upstream" "$direct" "$dp99" "1.00"
+row() { printf '%-34s %12.0f %10.2f %8.2f\n' "$1" "$2" "$3" "$(awk -v a="$2" -v b="$direct" 'BEGIN{print a/b}')"; }
 for s in "plain:/plain" "limited, allow path:/allow" "limited, 429 path:/deny"; do
   name=${s%%:*}; path=${s#*:}
   read -r rps p99 < <(run "$name" "http://127.0.0.1:$GW$path")
@@ -101,7 +101,67 @@ YAML
   done
   t1=$(date +%s.%N)
   calls=$(redis-cli -p "$RP" INFO commandstats | awk -F'[=,:]' '/^cmdstat_evalsha/ {print $3}')
-  awk -v c="$calls" -v a="$t0" -v b="$t1" 'BEGIN{printf "%-28s %12.0f evalsha/s over both redis runs (%d calls)\n", "redis decisions", c/(b-a), c}'
+  awk -v c="$calls" -v a="$t0" -v b="$t1" 'BEGIN{printf "%-34s %12.0f evalsha/s over both redis runs (%d calls)\n", "redis decisions", c/(b-a), c}'
+
+  # Reference: nginx (one worker) + lua-nginx-module making the same decision, one EVALSHA of
+  # sluice's own script per request over a keep-alive cosocket (Debian: libnginx-mod-http-lua).
+  LUAMOD=/usr/lib/nginx/modules/ngx_http_lua_module.so
+  if command -v nginx >/dev/null && [ -f "$LUAMOD" ]; then
+    # The production script, in the order src/store/scripts.rs assembles it (sluice loaded it).
+    { echo '#!lua'; cat lua/lib.lua lua/fixed_window.lua lua/sliding_log.lua lua/sliding_window.lua \
+        lua/token_bucket.lua lua/leaky_bucket.lua lua/gcra.lua lua/decide.lua lua/main.lua; } > "$tmp/script.lua"
+    sha=$(sha1sum "$tmp/script.lua" | cut -d' ' -f1)
+    if [ "$(redis-cli -p "$RP" SCRIPT EXISTS "$sha")" = "1" ]; then
+      NL=$(free_port)
+      cat > "$tmp/nginx-lua.conf" <<NGINX
+load_module /usr/lib/nginx/modules/ndk_http_module.so;
+load_module $LUAMOD;
+worker_processes 1;
+daemon off;
+pid $tmp/nginx-lua.pid;
+error_log $tmp/nginx-lua-error.log;
+events { worker_connections 4096; }
+http {
+  access_log $tmp/nginx-lua-access.log;
+  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+  upstream up { server 127.0.0.1:$UP; keepalive 128; }
+  server {
+    listen 127.0.0.1:$NL;
+    location / {
+      access_by_lua_block {
+        local args = { "EVALSHA", "$sha", "1", "nginx:allow:per-ip:{" .. ngx.var.remote_addr .. "}",
+          "n" .. ngx.var.connection .. ":" .. ngx.var.connection_requests, "1", "token_bucket",
+          "10000000", "1000000", "10000000", "1", "1", "1", "0" }
+        local req = { "*", #args, "\\r\\n" }
+        for _, a in ipairs(args) do
+          req[#req + 1] = "\$" .. #a .. "\\r\\n" .. a .. "\\r\\n"
+        end
+        local sock = ngx.socket.tcp()
+        sock:settimeouts(200, 200, 200)
+        assert(sock:connect("127.0.0.1", $RP))
+        assert(sock:send(req))
+        local head = assert(sock:receive("*l"))
+        local code = assert(sock:receive("*l"))
+        for _ = 2, 5 do assert(sock:receive("*l")) end
+        sock:setkeepalive(10000, 64)
+        if head ~= "*5" then return ngx.exit(503) end
+        if code ~= ":0" then return ngx.exit(429) end
+      }
+      proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection "";
+    }
+  }
+}
+NGINX
+      nginx -c "$tmp/nginx-lua.conf" 2>/dev/null & pids+=($!)
+      sleep 0.5
+      if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NL/")" = "200" ]; then
+        read -r rps p99 < <(run nginx-lua "http://127.0.0.1:$NL/")
+        row "nginx+lua redis, allow path" "$rps" "$p99"
+      else
+        echo "nginx+lua reference did not answer 200; see $tmp/nginx-lua-error.log" >&2
+      fi
+    fi
+  fi
 fi
 
 # Reference on the same machine, if nginx is installed: one worker, keep-alive upstream,
