@@ -900,3 +900,59 @@ async fn sentinel_gateway_limits() {
         "no limiter key in the master: {keys:?}"
     );
 }
+
+/// Limit state lives in Redis across reloads: editing `rate` keeps the counters (the key has
+/// no rate in it), editing the algorithm starts fresh.
+#[tokio::test]
+async fn redis_counters_survive_a_rate_edit() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = |limit: &str| {
+        config(
+            &format!("{{ url: \"{}\", timeout: 200ms }}", redis.url()),
+            "deny",
+            &up,
+            &[route("r", "", &[limit])],
+        )
+    };
+    let s = Sluice::start(&yaml(
+        "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 3/1h }",
+    ));
+    let c = client();
+    wait_store(&c, &s).await;
+    let ip = "10.9.0.1";
+    assert_eq!(statuses(&c, &s, "/r", ip, 2).await, times(200, 2));
+    s.rewrite_config(&yaml(
+        "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 5/1h }",
+    ));
+    let reloaded = eventually(Duration::from_secs(10), || async {
+        metric(
+            &s.metrics(&c).await,
+            "sluice_config_reloads_total",
+            &[("result", "success")],
+        ) >= 1.0
+    })
+    .await;
+    assert!(reloaded, "{}", log_of(&s));
+    // 2 used of the new 5.
+    assert_eq!(
+        statuses(&c, &s, "/r", ip, 4).await,
+        vec![200, 200, 200, 429]
+    );
+    s.rewrite_config(&yaml(
+        "{ name: per-ip, by: ip, algorithm: sliding_log, rate: 5/1h }",
+    ));
+    let reloaded = eventually(Duration::from_secs(10), || async {
+        metric(
+            &s.metrics(&c).await,
+            "sluice_config_reloads_total",
+            &[("result", "success")],
+        ) >= 2.0
+    })
+    .await;
+    assert!(reloaded, "{}", log_of(&s));
+    assert_eq!(
+        statuses(&c, &s, "/r", ip, 6).await,
+        [times(200, 5), times(429, 1)].concat()
+    );
+}
