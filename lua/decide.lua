@@ -52,7 +52,7 @@ local function decide_all(now, extra_args)
     local pass = true
     for i, p in ipairs(calls) do
       local code, limit, remaining, retry, reset =
-        ALGO[p.algorithm](KEYS[i], p, now, p.cost, write, nonce .. ':' .. fmt(i))
+        ALGO[p.algorithm](KEYS[i], p, now, p.cost, write, nonce, i)
       local o = 5 * (i - 1)
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
         code, limit, remaining, retry, reset

@@ -36,7 +36,8 @@ local function expire_us(key, ttl_us)
   redis.call('PEXPIRE', key, fmt(ms))
 end
 
--- ALGO[name](key, p, now, cost, commit, member) -> code, limit, remaining, retry_us, reset_us
--- p = {limit = N, window = W, capacity = C, interval = I, unit = u}. With commit, an
+-- ALGO[name](key, p, now, cost, commit, nonce, index) -> code, limit, remaining, retry_us,
+-- reset_us. p = {limit = N, window = W, capacity = C, interval = I, unit = u}. With commit, an
 -- admitted request writes its new state; a limited (1) or impossible (2) one never writes.
+-- nonce (unique per call) and index (the limit's position) only name sliding_log members.
 local ALGO = {}

@@ -1,7 +1,7 @@
 -- sliding_log: a sorted set of admitted units, score = admission µs, members unique across
 -- gateways (`now:nonce:limit:unit`). Entries <= now - W are gone; admit iff live + cost <= N.
 -- Exact: at most N in every half-open (t - W, t]. Twin of src/algo/sliding_log.rs.
-ALGO.sliding_log = function(key, p, now, cost, commit, member)
+ALGO.sliding_log = function(key, p, now, cost, commit, nonce, index)
   local n, w = p.limit, p.window
   local horizon = fmt(now - w)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
@@ -30,10 +30,11 @@ ALGO.sliding_log = function(key, p, now, cost, commit, member)
       redis.call('ZREMRANGEBYSCORE', key, '-inf', horizon)
     end
     local at = fmt(now)
+    local member = at .. ':' .. nonce .. ':' .. fmt(index) .. ':'
     local batch = {}
     for i = 1, cost do
       batch[#batch + 1] = at
-      batch[#batch + 1] = at .. ':' .. member .. ':' .. fmt(i)
+      batch[#batch + 1] = member .. fmt(i)
       if #batch >= 1000 or i == cost then
         redis.call('ZADD', key, unpack(batch))
         batch = {}
