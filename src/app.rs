@@ -24,8 +24,9 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
         StoreKind::Redis => match RedisStore::connect(&table.store.redis) {
             Ok(r) => Backend::Redis(Arc::new(r)),
             Err(e) => {
-                // Only a config fred itself refuses gets here (validated before): say so loudly
-                // and keep serving on the embedded store rather than not at all.
+                // Config loading already ran these settings through fred (store::redis::validate),
+                // so this is not expected; if it happens, say so loudly and keep serving on the
+                // embedded store rather than not at all.
                 tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
                 Backend::Memory(local.clone())
             }

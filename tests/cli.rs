@@ -196,6 +196,25 @@ routes:
 }
 
 #[test]
+fn a_redis_url_the_client_cannot_parse_is_an_error_at_its_position() {
+    // Starts with redis:// (the cheap check passes), but the Redis client refuses it: caught
+    // at load, not when the gateway creates its client.
+    let yaml = r#"store:
+  kind: redis
+  redis:
+    url: "redis://app:secret@127.0.0.1:notaport/0"
+upstreams:
+  api: { targets: [http://127.0.0.1:3000] }
+routes:
+  - { name: r, match: { path_prefix: / }, upstream: api }
+"#;
+    let e = errors(yaml);
+    assert_eq!(e.len(), 1, "{e:#?}");
+    assert!(e[0].starts_with("F:4:5: not a valid Redis URL"), "{e:#?}");
+    assert!(!e[0].contains("secret"), "password in an error: {}", e[0]);
+}
+
+#[test]
 fn parameters_beyond_exact_arithmetic_are_rejected_but_the_spec_range_is_accepted() {
     // Every N up to 10^7 with any window from 1 s to 7 d is accepted, for every algorithm.
     for algo in [

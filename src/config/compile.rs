@@ -293,20 +293,33 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
             _ => {}
         }
     }
+    let redis = RedisSettings {
+        url: r.url.clone(),
+        mode: r.mode,
+        nodes: r.nodes.clone(),
+        sentinel_service: r.sentinel_service.clone(),
+        password,
+        pool_size: r.pool_size,
+        timeout,
+        key_prefix: r.key_prefix.clone(),
+    };
+    // What the client itself would refuse (fred parses the URL), reported here with a position.
+    if s.kind == StoreKind::Redis {
+        if let Err(e) = crate::store::redis::validate(&redis) {
+            match &r.url {
+                Some(url) => c.err(
+                    "store.redis.url",
+                    format!("not a valid Redis URL ({e}): `{}`", redact_url(url)),
+                ),
+                None => c.err("store.redis", format!("redis settings rejected: {e}")),
+            }
+        }
+    }
     StoreSettings {
         kind: s.kind,
         on_error: s.on_error,
         memory_max_keys: s.memory.max_keys,
-        redis: RedisSettings {
-            url: r.url.clone(),
-            mode: r.mode,
-            nodes: r.nodes.clone(),
-            sentinel_service: r.sentinel_service.clone(),
-            password,
-            pool_size: r.pool_size,
-            timeout,
-            key_prefix: r.key_prefix.clone(),
-        },
+        redis,
     }
 }
 

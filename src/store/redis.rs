@@ -100,6 +100,15 @@ fn fred_config(s: &RedisSettings) -> Result<Config, Error> {
     Ok(cfg)
 }
 
+/// Whether fred accepts these settings (a URL it cannot parse, say). Config loading calls it,
+/// so `sluice check` reports such a URL at its line instead of the gateway finding out when it
+/// creates the client.
+pub fn validate(s: &RedisSettings) -> Result<(), String> {
+    fred_config(s)
+        .map(|_| ())
+        .map_err(|e| e.details().to_string())
+}
+
 /// Map a fred error to the store error the policy and metrics see.
 fn store_error(e: &Error) -> StoreError {
     match e.kind() {
