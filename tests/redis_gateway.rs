@@ -925,15 +925,7 @@ async fn redis_counters_survive_a_rate_edit() {
     s.rewrite_config(&yaml(
         "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 5/1h }",
     ));
-    let reloaded = eventually(Duration::from_secs(10), || async {
-        metric(
-            &s.metrics(&c).await,
-            "sluice_config_reloads_total",
-            &[("result", "success")],
-        ) >= 1.0
-    })
-    .await;
-    assert!(reloaded, "{}", log_of(&s));
+    s.wait_reloads("success", 1.0).await;
     // 2 used of the new 5.
     assert_eq!(
         statuses(&c, &s, "/r", ip, 4).await,
@@ -942,15 +934,7 @@ async fn redis_counters_survive_a_rate_edit() {
     s.rewrite_config(&yaml(
         "{ name: per-ip, by: ip, algorithm: sliding_log, rate: 5/1h }",
     ));
-    let reloaded = eventually(Duration::from_secs(10), || async {
-        metric(
-            &s.metrics(&c).await,
-            "sluice_config_reloads_total",
-            &[("result", "success")],
-        ) >= 2.0
-    })
-    .await;
-    assert!(reloaded, "{}", log_of(&s));
+    s.wait_reloads("success", 2.0).await;
     assert_eq!(
         statuses(&c, &s, "/r", ip, 6).await,
         [times(200, 5), times(429, 1)].concat()

@@ -6,7 +6,7 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::algo::{Algorithm, Code, Params};
+use sluice::algo::{Algorithm, Code, Decision, Params};
 use sluice::config::file::RedisMode;
 use sluice::store::redis::RedisStore;
 use sluice::store::{LimitCall, StoreError};
@@ -52,6 +52,33 @@ fn stat(conn: &mut Conn, cmd: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// `n` concurrent decisions of `c`, spread over `stores`: how many were admitted.
+async fn admitted_concurrently(stores: &[Arc<RedisStore>], c: &LimitCall, n: usize) -> u32 {
+    let tasks: Vec<_> = (0..n)
+        .map(|i| {
+            let (s, c) = (stores[i % stores.len()].clone(), c.clone());
+            tokio::spawn(async move { s.decide(&[c]).await.unwrap()[0].allowed() as u32 })
+        })
+        .collect();
+    let mut admitted = 0;
+    for t in tasks {
+        admitted += t.await.unwrap();
+    }
+    admitted
+}
+
+/// The first decision of `c` that succeeds within `within` (polling every 50 ms).
+async fn first_decision(store: &RedisStore, c: &LimitCall, within: Duration) -> Option<Decision> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        if let Ok(d) = store.decide(std::slice::from_ref(c)).await {
+            return Some(d[0]);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_decisions_from_several_clients_admit_exactly_capacity() {
     let redis = RedisServer::start();
@@ -66,16 +93,7 @@ async fn concurrent_decisions_from_several_clients_admit_exactly_capacity() {
         let key = format!("sluice:r:l:token_bucket:{{{round}}}");
         // Capacity 10, negligible refill (10 per 7 days).
         let c = call(&key, Algorithm::TokenBucket, 10, 7 * 86_400 * S);
-        let tasks: Vec<_> = (0..500)
-            .map(|i| {
-                let (s, c) = (stores[i % 3].clone(), c.clone());
-                tokio::spawn(async move { s.decide(&[c]).await.unwrap()[0] })
-            })
-            .collect();
-        let mut admitted = 0;
-        for t in tasks {
-            admitted += t.await.unwrap().allowed() as u32;
-        }
+        let admitted = admitted_concurrently(&stores, &c, 500).await;
         assert_eq!(admitted, 10, "round {round}");
         // Trap 1: one EVALSHA per decision and nothing else. (commandstats also counts the
         // commands a script runs: token_bucket reads once per call and writes only admitted
@@ -110,11 +128,9 @@ async fn after_script_flush_the_next_decision_succeeds_and_is_charged_once() {
     // After a restart too (the script cache is gone with the process).
     let mut redis = redis;
     redis.restart();
-    let ok = support::eventually(Duration::from_secs(5), || {
-        let (s, c) = (store.clone(), c.clone());
-        async move { s.decide(&[c]).await.is_ok() }
-    })
-    .await;
+    let ok = first_decision(&store, &c, Duration::from_secs(5))
+        .await
+        .is_some();
     assert!(ok, "no decision within 5 s of the restart");
     assert_eq!(redis.conn().cmd_ok(&["ZCARD", &c.key]).as_int(), 1);
 }
@@ -196,11 +212,9 @@ async fn a_paused_redis_times_out_then_the_breaker_fails_fast_and_recovers() {
         started.elapsed()
     );
     // Probes go through at least twice a second; once Redis answers, decisions resume.
-    let resumed = support::eventually(Duration::from_secs(4), || {
-        let (s, c) = (store.clone(), c.clone());
-        async move { s.decide(&[c]).await.is_ok() }
-    })
-    .await;
+    let resumed = first_decision(&store, &c, Duration::from_secs(4))
+        .await
+        .is_some();
     assert!(resumed, "limiting did not resume after the pause");
 }
 
@@ -230,11 +244,9 @@ async fn a_dead_redis_fails_fast_and_peek_and_reset_work_once_back() {
     assert!(store.ping().await.is_err());
     assert!(started.elapsed() < Duration::from_secs(3));
     redis.restart();
-    let back = support::eventually(Duration::from_secs(4), || {
-        let (s, c) = (store.clone(), c.clone());
-        async move { s.decide(&[c]).await.is_ok() }
-    })
-    .await;
+    let back = first_decision(&store, &c, Duration::from_secs(4))
+        .await
+        .is_some();
     assert!(back, "no recovery within 4 s");
     // The restarted Redis (no persistence) holds the one charge made since.
     let peek = store.peek(&c.key, &c.params).await.unwrap();
@@ -286,16 +298,7 @@ async fn cluster_decides_across_slots_without_charging_refused_requests() {
         10,
         3600 * S,
     );
-    let tasks: Vec<_> = (0..300)
-        .map(|_| {
-            let (s, c) = (store.clone(), c.clone());
-            tokio::spawn(async move { s.decide(&[c]).await.unwrap()[0].allowed() as u32 })
-        })
-        .collect();
-    let mut admitted = 0;
-    for t in tasks {
-        admitted += t.await.unwrap();
-    }
+    let admitted = admitted_concurrently(std::slice::from_ref(&store), &c, 300).await;
     assert_eq!(admitted, 10);
     // NOSCRIPT on the node that owns the key: the next call reloads and is charged once.
     cluster.for_each_node(|conn| {
@@ -384,15 +387,9 @@ async fn sentinel_failover_keeps_deciding_and_charges_once() {
     assert!(promoted, "no failover:\n{}", sentinel.log());
     // The client follows the new primary (whose script cache is empty: NOSCRIPT, then EVAL),
     // and the first decision that succeeds there is charged exactly once.
-    let mut decided = None;
-    for _ in 0..100 {
-        if let Ok(d) = store.decide(std::slice::from_ref(&c)).await {
-            decided = Some(d[0]);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let d = decided.expect("no decision within 10 s of the promotion");
+    let d = first_decision(&store, &c, Duration::from_secs(10))
+        .await
+        .expect("no decision within 10 s of the promotion");
     assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
     let mut new_master = replica.conn();
     assert_eq!(new_master.cmd_ok(&["ZCARD", &c.key]).as_int(), 4);

@@ -32,26 +32,13 @@ async fn admitted(s: &Sluice, n: usize) -> usize {
     ok
 }
 
-async fn reloads(s: &Sluice, result: &str) -> f64 {
-    let m = get(&client(), &s.admin_url("/metrics"), &[]).await.text();
-    metric(&m, "sluice_config_reloads_total", &[("result", result)])
-}
-
-async fn wait_reloads(s: &Sluice, result: &str, at_least: f64) {
-    let ok = eventually(Duration::from_secs(5), || async {
-        reloads(s, result).await >= at_least
-    })
-    .await;
-    assert!(ok, "no {result} reload seen:\n{}", s.log());
-}
-
 #[tokio::test]
 async fn in_place_edit_changes_the_limit() {
     let up = Upstream::start();
     let s = Sluice::start(&limited(&up, "2/1h"));
     // A fresh route name, so the new limit starts from an empty counter.
     s.rewrite_config(&limited(&up, "5/1h").replace("name: per-ip", "name: per-ip-v2"));
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     assert_eq!(admitted(&s, 8).await, 5);
 }
 
@@ -71,7 +58,7 @@ async fn rename_over_is_seen() {
     )
     .unwrap();
     std::fs::rename(&tmp, &s.config_path).unwrap();
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     assert_eq!(admitted(&s, 6).await, 4);
 }
 
@@ -147,12 +134,12 @@ async fn sighup_reloads_even_unchanged_content() {
     let up = Upstream::start();
     let s = Sluice::start(&limited(&up, "2/1h"));
     s.signal("HUP");
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     s.wait_log(&["Signal"]);
     // A file event with identical content is ignored and not counted.
     s.rewrite_config(&limited(&up, "2/1h"));
     tokio::time::sleep(Duration::from_millis(600)).await;
-    assert_eq!(reloads(&s, "success").await, 1.0);
+    assert_eq!(s.reloads("success").await, 1.0);
 }
 
 #[tokio::test]
@@ -161,15 +148,15 @@ async fn bad_edit_keeps_the_old_config_until_fixed() {
     let s = Sluice::start(&limited(&up, "3/1h"));
     assert_eq!(admitted(&s, 1).await, 1);
     s.rewrite_config(&limited(&up, "3/1h").replace("fixed_window", "fixed_windw"));
-    wait_reloads(&s, "error", 1.0).await;
+    s.wait_reloads("error", 1.0).await;
     let path = s.config_path.display().to_string();
     s.wait_log(&[&format!("{path}:10:"), "unknown algorithm `fixed_windw`"]);
     // Still the old config, with its state: 2 of 3 left.
     assert_eq!(admitted(&s, 4).await, 2);
     // Fixing the file makes the next reload succeed.
     s.rewrite_config(&limited(&up, "5/1h"));
-    wait_reloads(&s, "success", 1.0).await;
-    assert_eq!(reloads(&s, "error").await, 1.0);
+    s.wait_reloads("success", 1.0).await;
+    assert_eq!(s.reloads("error").await, 1.0);
     assert_eq!(
         admitted(&s, 4).await,
         2,
@@ -183,11 +170,11 @@ async fn limit_state_survives_a_rate_change() {
     let s = Sluice::start(&limited(&up, "3/1h"));
     assert_eq!(admitted(&s, 5).await, 3);
     s.rewrite_config(&limited(&up, "4/1h"));
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     assert_eq!(admitted(&s, 3).await, 1, "3 used of the new 4");
     // Changing the algorithm starts fresh, by design (it is part of the key).
     s.rewrite_config(&limited(&up, "4/1h").replace("fixed_window", "sliding_log"));
-    wait_reloads(&s, "success", 2.0).await;
+    s.wait_reloads("success", 2.0).await;
     assert_eq!(admitted(&s, 6).await, 4);
 }
 
@@ -200,7 +187,7 @@ async fn store_changes_wait_for_a_restart_and_keys_keep_their_prefix() {
         "store: {{ redis: {{ key_prefix: \"other:\" }} }}\n{}",
         limited(&up, "4/1h")
     ));
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     s.wait_log(&["store settings changed but need a restart"]);
     assert_eq!(admitted(&s, 3).await, 1, "same keys: 3 used of the new 4");
 }
@@ -216,7 +203,7 @@ async fn restart_only_settings_are_kept_and_logged() {
         limited(&up, "100/1h")
     );
     std::fs::write(&s.config_path, text).unwrap();
-    wait_reloads(&s, "success", 1.0).await;
+    s.wait_reloads("success", 1.0).await;
     s.wait_log(&["need a restart"]);
     assert_eq!(
         get(&client(), &s.url("/"), &[]).await.status,
@@ -270,7 +257,7 @@ async fn soak_50_reloads_under_load() {
     }
     for i in 1..=50 {
         s.rewrite_config(&cfg(i));
-        wait_reloads(&s, "success", i as f64).await;
+        s.wait_reloads("success", i as f64).await;
     }
     stop.store(true, Ordering::Relaxed);
     for c in clients {
@@ -285,7 +272,7 @@ async fn soak_50_reloads_under_load() {
         sent.load(Ordering::Relaxed) > 500,
         "too little traffic to mean anything"
     );
-    assert_eq!(reloads(&s, "error").await, 0.0);
+    assert_eq!(s.reloads("error").await, 0.0);
     let (fds1, rss1) = (s.open_fds(), s.rss_kib());
     assert!(fds1 <= fds0 + 16, "open fds grew from {fds0} to {fds1}");
     assert!(

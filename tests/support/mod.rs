@@ -175,6 +175,21 @@ impl Sluice {
         std::fs::rename(&tmp, &self.config_path).unwrap();
     }
 
+    /// `sluice_config_reloads_total{result}` right now.
+    pub async fn reloads(&self, result: &str) -> f64 {
+        let m = self.metrics(&client()).await;
+        metric(&m, "sluice_config_reloads_total", &[("result", result)])
+    }
+
+    /// Wait (up to 10 s) until `sluice_config_reloads_total{result}` reaches `at_least`.
+    pub async fn wait_reloads(&self, result: &str, at_least: f64) {
+        let ok = eventually(Duration::from_secs(10), || async {
+            self.reloads(result).await >= at_least
+        })
+        .await;
+        assert!(ok, "no {result} reload seen:\n{}", self.log());
+    }
+
     /// The admin listener's `/metrics` text.
     pub async fn metrics(&self, c: &HttpClient) -> String {
         let r = get(c, &self.admin_url("/metrics"), &[]).await;
