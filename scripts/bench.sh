@@ -18,10 +18,14 @@ trap cleanup EXIT
 
 target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
 
-cat > "$tmp/bench.yaml" <<YAML
-listen: 127.0.0.1:$GW
-admin_listen: 127.0.0.1:$ADM
+# A one-worker gateway: /allow (a limit never reached), /deny (1 per week: nearly all 429),
+# and / (no limit). $3 is the store section (empty: the embedded store).
+gateway() { # gateway_port admin_port store_yaml name
+  cat > "$tmp/$4.yaml" <<YAML
+listen: 127.0.0.1:$1
+admin_listen: 127.0.0.1:$2
 workers: 1
+$3
 upstreams:
   up: { targets: [http://127.0.0.1:$UP] }
 routes:
@@ -29,7 +33,7 @@ routes:
     match: { path_prefix: /allow }
     upstream: up
     limits:
-      - { name: per-ip, by: ip, algorithm: gcra, rate: 10000000/1s }
+      - { name: per-ip, by: ip, algorithm: token_bucket, rate: 10000000/1s }
   - name: deny
     match: { path_prefix: /deny }
     upstream: up
@@ -39,7 +43,9 @@ routes:
     match: { path_prefix: / }
     upstream: up
 YAML
-RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/bench.yaml" 2>/dev/null & pids+=($!)
+  RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
+}
+gateway "$GW" "$ADM" "" bench
 sleep 1
 
 run() { # name url -> "rps p99_ms"
@@ -67,29 +73,10 @@ if command -v redis-server >/dev/null; then
   RP=$(free_port); GW2=$(free_port); ADM2=$(free_port)
   redis-server --port "$RP" --bind 127.0.0.1 --save "" --appendonly no --dir "$tmp" \
     --logfile "$tmp/redis.log" & pids+=($!)
-  cat > "$tmp/bench-redis.yaml" <<YAML
-listen: 127.0.0.1:$GW2
-admin_listen: 127.0.0.1:$ADM2
-workers: 1
-store:
+  gateway "$GW2" "$ADM2" "store:
   kind: redis
-  redis: { url: "redis://127.0.0.1:$RP/0", timeout: 200ms, pool_size: 4 }
-  on_error: deny
-upstreams:
-  up: { targets: [http://127.0.0.1:$UP] }
-routes:
-  - name: allow
-    match: { path_prefix: /allow }
-    upstream: up
-    limits:
-      - { name: per-ip, by: ip, algorithm: token_bucket, rate: 10000000/1s }
-  - name: deny
-    match: { path_prefix: /deny }
-    upstream: up
-    limits:
-      - { name: per-ip, by: ip, algorithm: fixed_window, rate: 1/7d }
-YAML
-  RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/bench-redis.yaml" 2>/dev/null & pids+=($!)
+  redis: { url: \"redis://127.0.0.1:$RP/0\", timeout: 200ms, pool_size: 4 }
+  on_error: deny" bench-redis
   sleep 1
   curl -s -o /dev/null "http://127.0.0.1:$GW2/deny"
   redis-cli -p "$RP" CONFIG RESETSTAT >/dev/null
