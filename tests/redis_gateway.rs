@@ -27,6 +27,14 @@ fn route(name: &str, extra: &str, limits: &[&str]) -> String {
     s
 }
 
+/// The `store.redis` map for a standalone `redis` with this timeout and pool size.
+fn standalone(redis: &RedisServer, timeout: &str, pool_size: usize) -> String {
+    format!(
+        "{{ url: \"{}\", timeout: {timeout}, pool_size: {pool_size} }}",
+        redis.url()
+    )
+}
+
 /// A whole config (minus the listeners) on the given `store.redis` map and `on_error`.
 fn config(redis: &str, on_error: &str, up: &Upstream, routes: &[String]) -> String {
     format!(
@@ -300,7 +308,7 @@ async fn several_gateways_share_one_exact_limit() {
     // A generous timeout and fail-closed: a slow decision under this burst must show up as a
     // 503, never as an extra 200.
     let yaml = config(
-        &format!("{{ url: \"{}\", timeout: 3s, pool_size: 4 }}", redis.url()),
+        &standalone(&redis, "3s", 4),
         "deny",
         &up,
         &[
@@ -425,7 +433,7 @@ async fn skewed_gateway_clock_changes_nothing() {
     let redis = RedisServer::start();
     let up = Upstream::start();
     let yaml = config(
-        &format!("{{ url: \"{}\", timeout: 1s, pool_size: 2 }}", redis.url()),
+        &standalone(&redis, "1s", 2),
         "deny",
         &up,
         &[route(
@@ -498,10 +506,7 @@ async fn redis_down_follows_each_policy_and_recovers() {
     let up = Upstream::start();
     let limit = "{ name: per-ip, by: ip, algorithm: token_bucket, rate: 3/1h }";
     let yaml = config(
-        &format!(
-            "{{ url: \"{}\", timeout: 100ms, pool_size: 2 }}",
-            redis.url()
-        ),
+        &standalone(&redis, "100ms", 2),
         "allow",
         &up,
         &[
@@ -627,10 +632,7 @@ async fn paused_redis_never_holds_a_request_past_the_timeout() {
     let redis = RedisServer::start();
     let up = Upstream::start();
     let yaml = config(
-        &format!(
-            "{{ url: \"{}\", timeout: 50ms, pool_size: 2 }}",
-            redis.url()
-        ),
+        &standalone(&redis, "50ms", 2),
         "allow",
         &up,
         &[route(
@@ -726,10 +728,7 @@ async fn startup_with_redis_down_serves_per_policy() {
     let up = Upstream::start();
     let limit = "{ name: per-ip, by: ip, algorithm: gcra, rate: 3/1h }";
     let yaml = config(
-        &format!(
-            "{{ url: \"{}\", timeout: 50ms, pool_size: 2 }}",
-            redis.url()
-        ),
+        &standalone(&redis, "50ms", 2),
         "allow",
         &up,
         &[
@@ -909,7 +908,7 @@ async fn redis_counters_survive_a_rate_edit() {
     let up = Upstream::start();
     let yaml = |limit: &str| {
         config(
-            &format!("{{ url: \"{}\", timeout: 200ms }}", redis.url()),
+            &standalone(&redis, "200ms", 4),
             "deny",
             &up,
             &[route("r", "", &[limit])],
