@@ -5,7 +5,8 @@
 //! - a decision is sent at most once: `max_command_attempts = 1`, and `fail_fast` so nothing
 //!   queues behind a reconnect (a re-sent decision after a dropped connection would charge
 //!   twice);
-//! - every call is bounded by `timeout` (fred's per-command timeout and ours around it);
+//! - every call is bounded by `timeout` (fred's per-command option, and ours around the
+//!   whole decision: both Cluster rounds and a NOSCRIPT retry);
 //! - after `SCRIPT FLUSH`, a restart or a failover the reply is NOSCRIPT, meaning nothing ran:
 //!   the same call is sent once more as EVAL (which also caches the script again);
 //! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second.
@@ -143,7 +144,6 @@ impl RedisStore {
                 c.internal_command_timeout = Duration::from_secs(2);
                 c.tcp.nodelay = Some(true);
             })
-            .with_performance_config(|p| p.default_command_timeout = s.timeout)
             // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
             .set_policy(ReconnectPolicy::new_constant(0, 100))
             .build_pool(s.pool_size.max(1))
