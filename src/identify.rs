@@ -187,10 +187,20 @@ pub(crate) fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// The token of an `Authorization: Bearer <token>` value (RFC 6750 §2.1; the scheme is
+/// case-insensitive, RFC 9110 §11.1). Any other scheme, or none, is no token at all: a bare
+/// token must not authenticate, or a client could skip the scheme a verifying proxy checks.
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty() && !token.contains(' '))
+        .then_some(token)
+}
+
 impl JwtSource {
     fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
         let raw = header_value(headers, &self.header)?;
-        let token = raw.strip_prefix("Bearer ").unwrap_or(&raw).trim();
+        let token = bearer_token(&raw)?;
         let mut it = token.split('.');
         let (h, p, sig) = (it.next()?, it.next()?, it.next()?);
         if it.next().is_some() {
@@ -442,5 +452,30 @@ mod tests {
         assert_eq!(s.user(&h(&[("authorization", "Bearer x.y")]), 1000), None);
         // The plain user header is not believed when JWT is configured.
         assert_eq!(s.user(&h(&[("x-user-id", "mallory")]), 1000), None);
+        // Only the Bearer scheme carries a token (RFC 6750 §2.1), in any case (RFC 9110 §11.1).
+        let bare = ok.strip_prefix("Bearer ").unwrap();
+        assert_eq!(s.user(&h(&[("authorization", bare)]), 1000), None);
+        for scheme in ["bearer", "BEARER", "BeArEr"] {
+            let v = format!("{scheme} {bare}");
+            assert_eq!(
+                s.user(&h(&[("authorization", &v)]), 1000),
+                Some("alice".into())
+            );
+        }
+        for v in [format!("Basic {bare}"), format!("Token {bare}")] {
+            assert_eq!(s.user(&h(&[("authorization", &v)]), 1000), None, "{v}");
+        }
+    }
+
+    #[test]
+    fn bearer_token_needs_the_scheme_and_one_token() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer   abc"), Some("abc"));
+        assert_eq!(bearer_token("abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearer "), None);
+        assert_eq!(bearer_token("Bearer a b"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+        assert_eq!(bearer_token("Basic abc"), None);
     }
 }

@@ -31,6 +31,16 @@ pub enum GatewayError {
     StoreUnavailable(StoreError),
     #[error(transparent)]
     Upstream(#[from] ForwardError),
+    /// A request the gateway will not pass on: a path it cannot normalize safely, a head it
+    /// cannot frame unambiguously (SPEC §7). The connection is closed after the answer.
+    #[error("{0}")]
+    BadRequest(String),
+    /// A request head larger than the gateway accepts.
+    #[error("request header fields too large")]
+    HeadTooLarge,
+    /// `CONNECT` (a tunnel, not a request this gateway routes).
+    #[error("method {0} is not supported by this gateway")]
+    MethodNotAllowed(http::Method),
 }
 
 impl GatewayError {
@@ -43,6 +53,9 @@ impl GatewayError {
             GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
 
