@@ -2,7 +2,7 @@
 //! upstream), round-robin over targets skipping those that refuse, bodies streamed both ways.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -28,6 +28,10 @@ pub enum ForwardError {
     /// Connect or response-head timeout: 504.
     #[error("upstream timed out: {0}")]
     Timeout(String),
+    /// The client's own body broke off or could not be decoded (a bad chunk size, say) before
+    /// the upstream answered: 400, and the client's connection is closed.
+    #[error("the request body could not be read: {0}")]
+    ClientBody(String),
 }
 
 struct Target {
@@ -94,7 +98,10 @@ impl Upstream {
         body: Incoming,
     ) -> Result<(Response<Incoming>, String), ForwardError> {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let slot = Arc::new(Mutex::new(Some(body)));
+        let slot = Arc::new(Slot {
+            body: Mutex::new(Some(body)),
+            failed: AtomicBool::new(false),
+        });
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now = now_ms();
@@ -130,10 +137,13 @@ impl Upstream {
                 }
                 Ok(Ok(res)) => return Ok((res, target.authority.to_string())),
                 Ok(Err(e)) => {
+                    if slot.failed.load(Ordering::Acquire) {
+                        return Err(ForwardError::ClientBody(chain(&e)));
+                    }
                     let err = classify(&e);
                     let retry = e.is_connect()
                         && matches!(err, ForwardError::Unreachable(_))
-                        && slot.lock().is_some();
+                        && slot.body.lock().is_some();
                     if !retry {
                         return Err(err);
                     }
@@ -150,28 +160,44 @@ impl Upstream {
 }
 
 fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
-    let mut msg = e.to_string();
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = false;
     while let Some(s) = src {
-        msg.push_str(": ");
-        msg.push_str(&s.to_string());
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
         }
         src = s.source();
     }
     if timed_out {
-        ForwardError::Timeout(msg)
+        ForwardError::Timeout(chain(e))
     } else {
-        ForwardError::Unreachable(msg)
+        ForwardError::Unreachable(chain(e))
     }
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut msg = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        src = s.source();
+    }
+    msg
+}
+
+/// The client's body, until a request to some target starts reading it.
+struct Slot {
+    body: Mutex<Option<Incoming>>,
+    /// Reading the client's body failed: the request's fault, not the upstream's.
+    failed: AtomicBool,
 }
 
 /// The client's request body, shared so that a connection refused before the body was read
 /// leaves it available for the next target. The first poll takes it out of the slot.
 pub struct ReplayBody {
-    slot: Arc<Mutex<Option<Incoming>>>,
+    slot: Arc<Slot>,
     inner: Option<Incoming>,
 }
 
@@ -185,18 +211,27 @@ impl HttpBody for ReplayBody {
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
         if this.inner.is_none() {
-            this.inner = this.slot.lock().take();
+            this.inner = this.slot.body.lock().take();
         }
-        match this.inner.as_mut() {
+        let polled = match this.inner.as_mut() {
             Some(b) => Pin::new(b).poll_frame(cx),
             None => Poll::Ready(None),
+        };
+        if let Poll::Ready(Some(Err(_))) = &polled {
+            this.slot.failed.store(true, Ordering::Release);
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.inner {
             Some(b) => b.is_end_stream(),
-            None => self.slot.lock().as_ref().is_none_or(|b| b.is_end_stream()),
+            None => self
+                .slot
+                .body
+                .lock()
+                .as_ref()
+                .is_none_or(|b| b.is_end_stream()),
         }
     }
 
@@ -205,6 +240,7 @@ impl HttpBody for ReplayBody {
             Some(b) => b.size_hint(),
             None => self
                 .slot
+                .body
                 .lock()
                 .as_ref()
                 .map_or_else(|| SizeHint::with_exact(0), |b| b.size_hint()),

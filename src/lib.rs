@@ -16,6 +16,7 @@ pub mod identify;
 pub mod limit;
 pub mod logging;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod reload;
 pub mod respond;

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::body::{self, Body};
-use crate::forward::Outgoing;
+use crate::forward::{ForwardError, Outgoing};
 use crate::headers::request_id::{self, X_REQUEST_ID};
 use crate::headers::{forwarded, hop_by_hop, ratelimit};
 use crate::identify::Identity;
@@ -57,6 +57,20 @@ impl Drop for Inflight {
     }
 }
 
+/// What the forward phase needs.
+struct Outbound<'a> {
+    route: &'a Route,
+    table: &'a Table,
+    parts: &'a mut http::request::Parts,
+    /// The normalized path (before `strip_prefix`).
+    path: &'a str,
+    query: Option<&'a str>,
+    body: Incoming,
+    peer: SocketAddr,
+    host: Option<&'a HeaderValue>,
+    rid: &'a HeaderValue,
+}
+
 /// What the log phase needs to know about a finished request.
 struct Record<'a> {
     route: Option<&'a Route>,
@@ -67,41 +81,91 @@ struct Record<'a> {
     admission: Option<&'a Admission>,
 }
 
+impl Record<'_> {
+    /// A request answered by the gateway before any route was chosen.
+    fn gateway(status: StatusCode, outcome: &'static str) -> Self {
+        Record {
+            route: None,
+            status,
+            outcome,
+            upstream: None,
+            upstream_time: None,
+            admission: None,
+        }
+    }
+}
+
+/// The normalized path of a request the gateway can route, or the answer refusing it:
+/// CONNECT (405), the asterisk form (400), a transfer coding other than `chunked` (400,
+/// connection closed: the body cannot be framed the way the client meant), and a path that
+/// does not normalize safely (400, see [`crate::path`]).
+fn request_path<'a>(
+    parts: &http::request::Parts,
+    uri: &'a http::Uri,
+    rules: &crate::path::PathRules,
+) -> Result<std::borrow::Cow<'a, str>, GatewayError> {
+    if parts.method == http::Method::CONNECT {
+        return Err(GatewayError::MethodNotAllowed(http::Method::CONNECT));
+    }
+    if !chunked_only(&parts.headers) {
+        return Err(GatewayError::Unframeable(
+            "only the `chunked` transfer coding is accepted".into(),
+        ));
+    }
+    crate::path::normalize(uri.path(), rules).map_err(|e| GatewayError::BadRequest(e.to_string()))
+}
+
+/// No `Transfer-Encoding`, or exactly one `chunked` (RFC 9112 §6.1). hyper already refuses a
+/// coding list not ending in `chunked`; `gzip, chunked` or `chunked, chunked` it accepts, and
+/// forwarding those would hand the upstream a body coded differently than it is told.
+fn chunked_only(headers: &http::HeaderMap) -> bool {
+    let mut te = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+    match (te.next(), te.next()) {
+        (None, _) => true,
+        (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    }
+}
+
 impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
         let table = self.table.load_full();
         let rid = request_id::get_or_make(req.headers());
         let (mut parts, body) = req.into_parts();
-        let host = parts.headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // The target is read here and never again from `parts`: the normalized path is what
+        // is matched, limited, logged and forwarded.
+        let uri = std::mem::take(&mut parts.uri);
+        // RFC 9112 §3.2.2: an absolute-form target's authority is the host, whatever `Host`
+        // says (h2's `:authority` arrives the same way); the upstream gets that same host.
+        let host = uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| parts.headers.get(HOST).cloned());
+
+        // 0. Refuse what cannot be routed safely; normalize the path that is matched, limited
+        // and forwarded.
+        let path = match request_path(&parts, &uri, &table.paths) {
+            Ok(p) => p,
+            Err(e) => {
+                let res = e.into_response(&rid);
+                let rec = Record::gateway(res.status(), "rejected_request");
+                self.log(&parts, uri.path(), &rid, started, rec);
+                return res;
+            }
+        };
 
         // 1. Match the route.
         let Some(route) = route::find(
             &table.routes,
             &parts.method,
-            parts.uri.path(),
+            &path,
             host.as_ref().and_then(|h| h.to_str().ok()),
             &parts.headers,
         ) else {
             let res = GatewayError::NoRoute.into_response(&rid);
-            self.log(
-                &parts,
-                &rid,
-                started,
-                Record {
-                    route: None,
-                    status: res.status(),
-                    outcome: "no_route",
-                    upstream: None,
-                    upstream_time: None,
-                    admission: None,
-                },
-            );
+            let rec = Record::gateway(res.status(), "no_route");
+            self.log(&parts, &path, &rid, started, rec);
             return res;
         };
         let inflight = Inflight::enter(self.metrics.inflight.with_label_values(&[&route.name]));
@@ -111,7 +175,7 @@ impl Gateway {
             let who = Identity::new(
                 peer.ip(),
                 &parts.headers,
-                parts.uri.query(),
+                uri.query(),
                 &table.client_ip,
                 &table.identities,
             );
@@ -152,7 +216,17 @@ impl Gateway {
             None => {
                 let t = Instant::now();
                 let result = self
-                    .forward(route, &table, &mut parts, body, peer, host.as_ref(), &rid)
+                    .forward(Outbound {
+                        route,
+                        table: &table,
+                        parts: &mut parts,
+                        path: &path,
+                        query: uri.query(),
+                        body,
+                        peer,
+                        host: host.as_ref(),
+                        rid: &rid,
+                    })
                     .await;
                 let secs = t.elapsed().as_secs_f64();
                 match result {
@@ -174,8 +248,12 @@ impl Gateway {
                         res
                     }
                     Err(e) => {
-                        upstream_time = Some((secs, "error"));
-                        outcome = "upstream_error";
+                        if let ForwardError::ClientBody(_) = e {
+                            outcome = "rejected_request";
+                        } else {
+                            upstream_time = Some((secs, "error"));
+                            outcome = "upstream_error";
+                        }
                         GatewayError::from(e).into_response(&rid)
                     }
                 }
@@ -200,6 +278,7 @@ impl Gateway {
         drop(inflight);
         self.log(
             &parts,
+            &path,
             &rid,
             started,
             Record {
@@ -214,17 +293,21 @@ impl Gateway {
         res
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn forward(
         &self,
-        route: &Route,
-        table: &Table,
-        parts: &mut http::request::Parts,
-        body: Incoming,
-        peer: SocketAddr,
-        host: Option<&HeaderValue>,
-        rid: &HeaderValue,
+        o: Outbound<'_>,
     ) -> Result<(Response<Body>, String), crate::forward::ForwardError> {
+        let Outbound {
+            route,
+            table,
+            parts,
+            path,
+            query,
+            body,
+            peer,
+            host,
+            rid,
+        } = o;
         let upgrade = parts.version == Version::HTTP_11 && hop_by_hop::is_upgrade(&parts.headers);
         let client_upgrade = if upgrade {
             parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
@@ -240,16 +323,17 @@ impl Gateway {
             table.client_ip.is_trusted(peer.ip().to_canonical()),
             host,
         );
+        // The host the route was matched on (an absolute-form authority wins over `Host`).
         if let Some(h) = host {
-            headers.entry(HOST).or_insert_with(|| h.clone());
+            headers.insert(HOST, h.clone());
         }
         headers.insert(X_REQUEST_ID, rid.clone());
         let path = if route.strip_prefix {
-            route.matcher.strip(parts.uri.path())
+            route.matcher.strip(path)
         } else {
-            parts.uri.path().into()
+            path.into()
         };
-        let path_and_query = match parts.uri.query() {
+        let path_and_query = match query {
             Some(q) => format!("{path}?{q}"),
             None => path.into_owned(),
         };
@@ -279,6 +363,7 @@ impl Gateway {
     fn log(
         &self,
         parts: &http::request::Parts,
+        path: &str,
         rid: &HeaderValue,
         started: Instant,
         r: Record<'_>,
@@ -314,7 +399,7 @@ impl Gateway {
             target: "sluice::access",
             route,
             method = %parts.method,
-            path = parts.uri.path(),
+            path,
             status = r.status.as_u16(),
             decision = r.outcome,
             upstream = r.upstream.as_deref().unwrap_or("-"),

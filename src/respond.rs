@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use crate::body::{full, Body};
@@ -35,6 +35,11 @@ pub enum GatewayError {
     /// cannot frame unambiguously (SPEC §7). The connection is closed after the answer.
     #[error("{0}")]
     BadRequest(String),
+    /// A request whose body cannot be framed as the client meant it (a transfer coding other
+    /// than `chunked`, a broken chunk). Answered with `Connection: close`: nothing after it on
+    /// the connection can be trusted to start where the client thinks it does.
+    #[error("{0}")]
+    Unframeable(String),
     /// A request head larger than the gateway accepts.
     #[error("request header fields too large")]
     HeadTooLarge,
@@ -52,8 +57,9 @@ impl GatewayError {
             GatewayError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::Upstream(ForwardError::ClientBody(_)) => StatusCode::BAD_REQUEST,
             GatewayError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            GatewayError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            GatewayError::BadRequest(_) | GatewayError::Unframeable(_) => StatusCode::BAD_REQUEST,
             GatewayError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             GatewayError::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
         }
@@ -97,6 +103,12 @@ impl GatewayError {
             HeaderValue::from_static("application/problem+json"),
         );
         h.insert(X_REQUEST_ID, request_id.clone());
+        if matches!(
+            self,
+            GatewayError::Unframeable(_) | GatewayError::Upstream(ForwardError::ClientBody(_))
+        ) {
+            h.insert(CONNECTION, HeaderValue::from_static("close"));
+        }
         res
     }
 }

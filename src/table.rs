@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::config::file;
 use crate::identify::{ClientIpRules, IdentitySources};
+use crate::path::PathRules;
 use crate::route::Route;
 
 pub struct Table {
@@ -27,6 +28,7 @@ pub struct Table {
     pub client_ip: ClientIpRules,
     pub identities: IdentitySources,
     pub headers: file::HeadersMode,
+    pub paths: PathRules,
     pub routes: Vec<Route>,
 }
 
@@ -49,6 +51,8 @@ pub struct RedisSettings {
     pub pool_size: usize,
     pub timeout: Duration,
     pub key_prefix: String,
+    /// How long startup waits for the store before serving per `on_error` anyway.
+    pub startup_timeout: Duration,
 }
 
 impl Table {

@@ -25,6 +25,7 @@ fn settings(mode: RedisMode, url: Option<String>, nodes: Vec<String>) -> RedisSe
         pool_size: 4,
         timeout: Duration::from_millis(200),
         key_prefix: "sluice:".into(),
+        startup_timeout: Duration::from_secs(5),
     }
 }
 

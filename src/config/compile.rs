@@ -18,6 +18,7 @@ use crate::forward::Upstream;
 use crate::headers::ratelimit::policy_value;
 use crate::identify::{ClientIpRules, IdentitySources, JwtSource};
 use crate::limit::{Cost, KeyPart, LimitRule};
+use crate::path::{EscapedSlashes, PathRules};
 use crate::route::{HostMatch, Matcher, PathMatch, Route};
 use crate::table::{RedisSettings, StoreSettings, Table};
 
@@ -125,6 +126,13 @@ pub fn compile(
     let store = store_settings(&mut c, &file.store);
     let client_ip = client_ip_rules(&mut c, &file.client_ip);
     let identities = identity_sources(&mut c, &file.identities);
+    let paths = PathRules {
+        merge_slashes: file.paths.merge_slashes,
+        escaped_slashes: match file.paths.escaped_slashes {
+            file::EscapedSlashes::Reject => EscapedSlashes::Reject,
+            file::EscapedSlashes::Keep => EscapedSlashes::Keep,
+        },
+    };
 
     let mut upstreams: BTreeMap<String, Arc<Upstream>> = BTreeMap::new();
     for (uname, u) in &file.upstreams {
@@ -164,7 +172,7 @@ pub fn compile(
                 format!("duplicate route name `{}`", r.name),
             );
         }
-        let matcher = matcher(&mut c, &format!("{base}.match"), &r.matcher);
+        let matcher = matcher(&mut c, &format!("{base}.match"), &r.matcher, &paths);
         let upstream = upstreams.get(&r.upstream).cloned();
         if upstream.is_none() {
             c.err(
@@ -222,6 +230,7 @@ pub fn compile(
         version,
         loaded_at: SystemTime::now(),
         headers: file.responses.headers,
+        paths,
         file,
         listen,
         admin_listen,
@@ -302,6 +311,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
         pool_size: r.pool_size,
         timeout,
         key_prefix: r.key_prefix.clone(),
+        startup_timeout: c.duration("store.redis.startup_timeout", &r.startup_timeout),
     };
     // What the client itself would refuse (fred parses the URL), reported here with a position.
     if s.kind == StoreKind::Redis {
@@ -415,7 +425,7 @@ fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<Authority> {
     }
 }
 
-fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match) -> Option<Matcher> {
+fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> Option<Matcher> {
     let path = match (&m.path, &m.path_prefix, &m.path_regex) {
         (Some(p), None, None) => Some(PathMatch::Exact(p.clone())),
         (None, Some(p), None) => Some(PathMatch::Prefix(p.clone())),
@@ -441,11 +451,26 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match) -> Option<Matcher> {
         }
     };
     for (key, v) in [("path", &m.path), ("path_prefix", &m.path_prefix)] {
-        if v.as_deref().is_some_and(|p| !p.starts_with('/')) {
+        let Some(p) = v.as_deref() else { continue };
+        if !p.starts_with('/') {
             c.err(
                 &format!("{base}.{key}"),
                 format!("`{key}` must start with `/`"),
             );
+            continue;
+        }
+        // Requests are matched on their normalized path: a pattern that is not normal would
+        // never match anything.
+        match crate::path::normalize(p, paths) {
+            Ok(n) if n == p => {}
+            Ok(n) => c.err(
+                &format!("{base}.{key}"),
+                format!("`{p}` never matches: request paths are normalized first; write `{n}`"),
+            ),
+            Err(e) => c.err(
+                &format!("{base}.{key}"),
+                format!("`{p}` never matches: {e}, which is refused with 400"),
+            ),
         }
     }
     let methods = m.methods.as_ref().map(|ms| {

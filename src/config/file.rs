@@ -28,6 +28,8 @@ pub struct File {
     pub identities: Identities,
     #[serde(default)]
     pub responses: Responses,
+    #[serde(default)]
+    pub paths: Paths,
     pub upstreams: BTreeMap<String, Upstream>,
     pub routes: Vec<Route>,
 }
@@ -123,6 +125,9 @@ pub struct Redis {
     pub timeout: String,
     #[serde(default = "d_prefix")]
     pub key_prefix: String,
+    /// How long `sluice run` waits for the store before opening its data listener.
+    #[serde(default = "d_startup_timeout")]
+    pub startup_timeout: String,
 }
 
 impl Default for Redis {
@@ -136,6 +141,7 @@ impl Default for Redis {
             pool_size: d_pool(),
             timeout: d_redis_timeout(),
             key_prefix: d_prefix(),
+            startup_timeout: d_startup_timeout(),
         }
     }
 }
@@ -148,6 +154,9 @@ fn d_redis_timeout() -> String {
 }
 fn d_prefix() -> String {
     "sluice:".into()
+}
+fn d_startup_timeout() -> String {
+    "5s".into()
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -253,6 +262,37 @@ pub enum HeadersMode {
 pub struct Responses {
     #[serde(default)]
     pub headers: HeadersMode,
+}
+
+/// How request paths are normalized before matching (and forwarded).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Paths {
+    #[serde(default = "d_true")]
+    pub merge_slashes: bool,
+    #[serde(default)]
+    pub escaped_slashes: EscapedSlashes,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            merge_slashes: true,
+            escaped_slashes: EscapedSlashes::default(),
+        }
+    }
+}
+
+fn d_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EscapedSlashes {
+    #[default]
+    Reject,
+    Keep,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

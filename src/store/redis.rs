@@ -344,6 +344,7 @@ mod tests {
             pool_size: 2,
             timeout: Duration::from_millis(50),
             key_prefix: "sluice:".into(),
+            startup_timeout: Duration::from_secs(5),
         }
     }
 
