@@ -10,6 +10,7 @@ use tokio::net::TcpListener;
 use crate::config::file::StoreKind;
 use crate::metrics::Metrics;
 use crate::proxy::Gateway;
+use crate::runtime::Live;
 use crate::store::backend::Backend;
 use crate::store::memory::{Clock, MemoryStore};
 use crate::store::redis::RedisStore;
@@ -34,12 +35,12 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
     };
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
-    metrics.init_series(&table);
+    let live = Live::new(table, None, &metrics);
     let last_seen = std::fs::read_to_string(&config_path)
         .map(|t| crate::config::version_of(&t))
         .unwrap_or_default();
     Arc::new(Gateway {
-        table: ArcSwap::from_pointee(table),
+        live: ArcSwap::from_pointee(live),
         store,
         local,
         metrics,
@@ -53,7 +54,42 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
 pub async fn run(table: Table, config_path: PathBuf) -> i32 {
     let (listen, admin_listen) = (table.listen, table.admin_listen);
     let (drain, header_timeout) = (table.drain_timeout, table.client_header_timeout);
+    let startup_timeout = table.store.redis.startup_timeout;
     let gw = gateway(table, config_path).await;
+
+    // The admin listener opens first, so probes see `/readyz` answer 503 while the store
+    // connects.
+    let admin = match TcpListener::bind(admin_listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(%admin_listen, error = %e, "cannot listen (admin)");
+            return 1;
+        }
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let g = gw.clone();
+    let admin_task = tokio::spawn(server::serve(
+        admin,
+        move |req, peer| admin::handle(g.clone(), req, peer),
+        header_timeout,
+        stop_rx.clone(),
+        Duration::from_secs(1),
+    ));
+
+    // The data listener opens only once the store is ready (connected, script loaded): a
+    // request that arrives the instant the port accepts is decided by the store like every
+    // other, instead of by `on_error` (SPEC §3 "Startup"). Bounded by `startup_timeout`.
+    let (label, policy) = (gw.store.label(), gw.live.load().table.store.on_error);
+    match gw.store.wait_ready(startup_timeout).await {
+        Ok(()) => tracing::info!(store = label, "store ready"),
+        Err(e) => tracing::warn!(
+            store = label,
+            error = %e,
+            on_error = ?policy,
+            ?startup_timeout,
+            "store not ready within startup_timeout: serving per on_error, reconnecting in the background"
+        ),
+    }
 
     let data = match TcpListener::bind(listen).await {
         Ok(l) => l,
@@ -62,27 +98,7 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
             return 1;
         }
     };
-    let admin = match TcpListener::bind(admin_listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%admin_listen, error = %e, "cannot listen (admin)");
-            return 1;
-        }
-    };
-    tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin.local_addr().map_or(admin_listen, |a| a), version = %gw.table.load().version, "sluice serving");
-
-    // Report the store's reachability without holding up serving: requests meanwhile follow
-    // `on_error`, and the Redis client keeps reconnecting on its own.
-    let g = gw.clone();
-    tokio::spawn(async move {
-        let (label, policy) = (g.store.label(), g.table.load().store.on_error);
-        match g.store.wait_ready(Duration::from_secs(2)).await {
-            Ok(()) => tracing::info!(store = label, "store reachable"),
-            Err(e) => {
-                tracing::warn!(store = label, error = %e, on_error = ?policy, "store unreachable at startup: serving per on_error, reconnecting in the background")
-            }
-        }
-    });
+    tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin_listen, version = %gw.live.load().table.version, "sluice serving");
 
     let _watcher = match reload::spawn_watchers(gw.clone()) {
         Ok(w) => Some(w),
@@ -100,7 +116,6 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
         }
     });
 
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let g = gw.clone();
     let data_task = tokio::spawn(server::serve(
         data,
@@ -109,16 +124,8 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
             async move { g.handle(req, peer).await }
         },
         header_timeout,
-        stop_rx.clone(),
-        drain,
-    ));
-    let g = gw.clone();
-    let admin_task = tokio::spawn(server::serve(
-        admin,
-        move |req, peer| admin::handle(g.clone(), req, peer),
-        header_timeout,
         stop_rx,
-        Duration::from_secs(1),
+        drain,
     ));
 
     shutdown_signal().await;

@@ -17,6 +17,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 
+use crate::table::UpstreamSpec;
+
 /// How long a target that refused a connection is skipped before being tried again.
 const REFUSED_BACKOFF: Duration = Duration::from_secs(1);
 
@@ -41,11 +43,10 @@ struct Target {
 }
 
 pub struct Upstream {
-    pub name: Arc<str>,
+    spec: UpstreamSpec,
     targets: Vec<Target>,
     next: AtomicUsize,
     client: Client<HttpConnector, ReplayBody>,
-    timeout: Duration,
 }
 
 /// What to send upstream, minus the body.
@@ -61,33 +62,33 @@ fn now_ms() -> u64 {
 }
 
 impl Upstream {
-    /// `targets` are `host:port` authorities (validated by config).
-    pub fn new(
-        name: &str,
-        targets: Vec<Authority>,
-        connect_timeout: Duration,
-        timeout: Duration,
-    ) -> Upstream {
+    /// A client with its own connection pool for these settings.
+    pub fn new(spec: &UpstreamSpec) -> Upstream {
         let mut conn = HttpConnector::new();
-        conn.set_connect_timeout(Some(connect_timeout));
+        conn.set_connect_timeout(Some(spec.connect_timeout));
         conn.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(usize::MAX)
             .build(conn);
         Upstream {
-            name: name.into(),
-            targets: targets
-                .into_iter()
+            spec: spec.clone(),
+            targets: spec
+                .targets
+                .iter()
                 .map(|authority| Target {
-                    authority,
+                    authority: authority.clone(),
                     down_until_ms: AtomicU64::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
             client,
-            timeout,
         }
+    }
+
+    /// The settings this client was built for (a reload with equal settings reuses it).
+    pub fn spec(&self) -> &UpstreamSpec {
+        &self.spec
     }
 
     /// Send the request; on a refused connection try the next target with the same,
@@ -97,7 +98,7 @@ impl Upstream {
         out: Outgoing,
         body: Incoming,
     ) -> Result<(Response<Incoming>, String), ForwardError> {
-        let deadline = tokio::time::Instant::now() + self.timeout;
+        let deadline = tokio::time::Instant::now() + self.spec.timeout;
         let slot = Arc::new(Slot {
             body: Mutex::new(Some(body)),
             failed: AtomicBool::new(false),
@@ -132,7 +133,7 @@ impl Upstream {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
                         "no response head within {:?}",
-                        self.timeout
+                        self.spec.timeout
                     )))
                 }
                 Ok(Ok(res)) => return Ok((res, target.authority.to_string())),

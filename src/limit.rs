@@ -64,6 +64,13 @@ pub enum DecisionLabel {
 }
 
 impl DecisionLabel {
+    pub const ALL: [DecisionLabel; 4] = [
+        DecisionLabel::Allowed,
+        DecisionLabel::Limited,
+        DecisionLabel::ShadowLimited,
+        DecisionLabel::Error,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DecisionLabel::Allowed => "allowed",

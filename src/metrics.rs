@@ -2,10 +2,13 @@
 //! only — never client identities — so series stay bounded by the config.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::table::Table;
+use crate::limit::DecisionLabel;
+use crate::outcome::Outcome;
+use crate::route::Route;
 
 pub struct Metrics {
     pub registry: Registry,
@@ -117,24 +120,58 @@ impl Metrics {
         m
     }
 
-    /// Create at zero every counter and gauge series the loaded config can produce, so a
+    /// Resolve a route's handles once (the request path never looks a series up by its
+    /// labels). Creating them also creates every counter and gauge series at zero, so a
     /// dashboard shows 0 rather than "No data" and `rate()` sees the first increment.
-    /// Histograms appear with their first observation.
-    pub fn init_series(&self, table: &Table) {
-        self.requests.with_label_values(&["_none", "no_route"]);
-        for route in &table.routes {
-            let name: &str = &route.name;
-            for outcome in OUTCOMES.iter().filter(|o| **o != "no_route") {
-                self.requests.with_label_values(&[name, outcome]);
-            }
-            self.inflight.with_label_values(&[name]);
-            for rule in &route.limits {
-                for d in DECISIONS {
-                    self.limit_decisions
-                        .with_label_values(&[name, &rule.name, d]);
-                }
-            }
+    pub fn route(&self, route: &Route) -> RouteMetrics {
+        let name: &str = &route.name;
+        let outcomes = Outcome::ALL.iter().filter(|o| **o != Outcome::NoRoute);
+        RouteMetrics {
+            requests: self.outcomes(name, outcomes),
+            duration: self.request_duration.with_label_values(&[name]),
+            upstream: STATUS_CLASSES
+                .iter()
+                .map(|c| self.upstream_duration.with_label_values(&[name, c]))
+                .collect(),
+            inflight: Some(self.inflight.with_label_values(&[name])),
+            limits: route
+                .limits
+                .iter()
+                .map(|rule| {
+                    DecisionLabel::ALL
+                        .iter()
+                        .map(|d| {
+                            self.limit_decisions
+                                .with_label_values(&[name, &rule.name, d.as_str()])
+                        })
+                        .collect()
+                })
+                .collect(),
         }
+    }
+
+    /// The handles of route `_none`: requests refused before any route was chosen.
+    pub fn no_route(&self) -> RouteMetrics {
+        let outcomes = [Outcome::NoRoute, Outcome::RejectedRequest];
+        RouteMetrics {
+            requests: self.outcomes(NO_ROUTE, outcomes.iter()),
+            duration: self.request_duration.with_label_values(&[NO_ROUTE]),
+            upstream: Vec::new(),
+            inflight: None,
+            limits: Vec::new(),
+        }
+    }
+
+    fn outcomes<'a>(
+        &self,
+        route: &str,
+        which: impl Iterator<Item = &'a Outcome>,
+    ) -> Vec<Option<IntCounter>> {
+        let mut v = vec![None; Outcome::ALL.len()];
+        for o in which {
+            v[*o as usize] = Some(self.requests.with_label_values(&[route, o.as_str()]));
+        }
+        v
     }
 
     pub fn render(&self) -> String {
@@ -157,8 +194,10 @@ impl Metrics {
     /// a closed set, so every combination can be named).
     pub fn forget(&self, routes: &[String], limits: &[(String, String)]) {
         for route in routes {
-            for outcome in OUTCOMES {
-                let _ = self.requests.remove_label_values(&[route, outcome]);
+            for outcome in Outcome::ALL {
+                let _ = self
+                    .requests
+                    .remove_label_values(&[route, outcome.as_str()]);
             }
             for class in STATUS_CLASSES {
                 let _ = self.upstream_duration.remove_label_values(&[route, class]);
@@ -167,31 +206,58 @@ impl Metrics {
             let _ = self.inflight.remove_label_values(&[route]);
         }
         for (route, limit) in limits {
-            for d in DECISIONS {
+            for d in DecisionLabel::ALL.map(DecisionLabel::as_str) {
                 let _ = self.limit_decisions.remove_label_values(&[route, limit, d]);
             }
         }
     }
 }
 
-pub const OUTCOMES: [&str; 8] = [
-    "forwarded",
-    "limited",
-    "shadow_limited",
-    "store_error_allowed",
-    "store_error_denied",
-    "rejected_identity",
-    "no_route",
-    "upstream_error",
-];
+/// The route label of requests that matched no route.
+pub const NO_ROUTE: &str = "_none";
 
-/// The `decision` label of `sluice_limit_decisions_total`.
-pub const DECISIONS: [&str; 4] = ["allowed", "limited", "shadow_limited", "error"];
+/// One route's metric handles, resolved when its table is applied and held for as long as
+/// that table serves. A reload that removes the route removes its series; requests still in
+/// flight on the old table then count into detached handles, which never re-create them.
+pub struct RouteMetrics {
+    /// By [`Outcome`] index; `None` for outcomes this route cannot have.
+    requests: Vec<Option<IntCounter>>,
+    duration: Histogram,
+    /// By [`status_class`] index.
+    upstream: Vec<Histogram>,
+    pub inflight: Option<IntGauge>,
+    /// By limit index in the route, then [`DecisionLabel`] index.
+    limits: Vec<Vec<IntCounter>>,
+}
+
+impl RouteMetrics {
+    pub fn request(&self, outcome: Outcome, secs: f64) {
+        if let Some(c) = &self.requests[outcome as usize] {
+            c.inc();
+        }
+        self.duration.observe(secs);
+    }
+
+    pub fn upstream(&self, class: usize, secs: f64) {
+        if let Some(h) = self.upstream.get(class) {
+            h.observe(secs);
+        }
+    }
+
+    pub fn decision(&self, limit: usize, d: DecisionLabel) {
+        if let Some(c) = self.limits.get(limit) {
+            c[d as usize].inc();
+        }
+    }
+}
 
 /// The `kind` label of `sluice_store_errors_total` (see `StoreError::kind`).
 pub const STORE_ERROR_KINDS: [&str; 4] = ["timeout", "connection", "script", "breaker_open"];
 
-const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+/// The `status_class` label of `sluice_upstream_duration_seconds`.
+pub const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+/// Index of `error` in [`STATUS_CLASSES`]: no answer from the upstream.
+pub const UPSTREAM_FAILED: usize = 5;
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -199,13 +265,13 @@ impl Default for Metrics {
     }
 }
 
-/// `2xx` … `5xx` for an upstream status.
-pub fn status_class(status: u16) -> &'static str {
+/// Index in [`STATUS_CLASSES`] of an upstream status: `1xx` … `5xx`.
+pub fn status_class(status: u16) -> usize {
     match status {
-        100..=199 => "1xx",
-        200..=299 => "2xx",
-        300..=399 => "3xx",
-        400..=499 => "4xx",
-        _ => "5xx",
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
     }
 }

@@ -14,21 +14,25 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::body::{self, Body};
+use crate::forward::Upstream;
 use crate::forward::{ForwardError, Outgoing};
 use crate::headers::request_id::{self, X_REQUEST_ID};
 use crate::headers::{forwarded, hop_by_hop, ratelimit};
 use crate::identify::Identity;
 use crate::limit::{self, Admission};
-use crate::metrics::{status_class, Metrics};
+use crate::metrics::{status_class, Metrics, RouteMetrics, NO_ROUTE, UPSTREAM_FAILED};
+use crate::outcome::Outcome;
 use crate::respond::GatewayError;
 use crate::route::{self, Route};
+use crate::runtime::Live;
 use crate::store::backend::Backend;
 use crate::store::memory::MemoryStore;
 use crate::table::Table;
 
 /// Everything a request needs, shared by all connections.
 pub struct Gateway {
-    pub table: ArcSwap<Table>,
+    /// The loaded table and what was resolved for it; swapped whole by a reload.
+    pub live: ArcSwap<Live>,
     pub store: Backend,
     /// The embedded store used by `on_error: local` (and as the store itself for `memory`).
     pub local: Arc<MemoryStore>,
@@ -61,6 +65,7 @@ impl Drop for Inflight {
 struct Outbound<'a> {
     route: &'a Route,
     table: &'a Table,
+    upstream: &'a Upstream,
     parts: &'a mut http::request::Parts,
     /// The normalized path (before `strip_prefix`).
     path: &'a str,
@@ -75,15 +80,16 @@ struct Outbound<'a> {
 struct Record<'a> {
     route: Option<&'a Route>,
     status: StatusCode,
-    outcome: &'static str,
+    outcome: Outcome,
     upstream: Option<String>,
-    upstream_time: Option<(f64, &'static str)>,
+    /// Seconds to the upstream's response head, and its `STATUS_CLASSES` index.
+    upstream_time: Option<(f64, usize)>,
     admission: Option<&'a Admission>,
 }
 
 impl Record<'_> {
     /// A request answered by the gateway before any route was chosen.
-    fn gateway(status: StatusCode, outcome: &'static str) -> Self {
+    fn gateway(status: StatusCode, outcome: Outcome) -> Self {
         Record {
             route: None,
             status,
@@ -130,7 +136,8 @@ fn chunked_only(headers: &http::HeaderMap) -> bool {
 impl Gateway {
     pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
         let started = Instant::now();
-        let table = self.table.load_full();
+        let live = self.live.load_full();
+        let table = &live.table;
         let rid = request_id::get_or_make(req.headers());
         let (mut parts, body) = req.into_parts();
         // The target is read here and never again from `parts`: the normalized path is what
@@ -149,14 +156,14 @@ impl Gateway {
             Ok(p) => p,
             Err(e) => {
                 let res = e.into_response(&rid);
-                let rec = Record::gateway(res.status(), "rejected_request");
-                self.log(&parts, uri.path(), &rid, started, rec);
+                let rec = Record::gateway(res.status(), Outcome::RejectedRequest);
+                self.log(&live.no_route, &parts, uri.path(), &rid, started, rec);
                 return res;
             }
         };
 
         // 1. Match the route.
-        let Some(route) = route::find(
+        let Some(index) = route::find(
             &table.routes,
             &parts.method,
             &path,
@@ -164,11 +171,13 @@ impl Gateway {
             &parts.headers,
         ) else {
             let res = GatewayError::NoRoute.into_response(&rid);
-            let rec = Record::gateway(res.status(), "no_route");
-            self.log(&parts, &path, &rid, started, rec);
+            let rec = Record::gateway(res.status(), Outcome::NoRoute);
+            self.log(&live.no_route, &parts, &path, &rid, started, rec);
             return res;
         };
-        let inflight = Inflight::enter(self.metrics.inflight.with_label_values(&[&route.name]));
+        let route = &table.routes[index];
+        let handles = &live.routes[index];
+        let inflight = handles.inflight.clone().map(Inflight::enter);
 
         // 2. Identify, 3. limit.
         let plan = {
@@ -197,9 +206,9 @@ impl Gateway {
         let mut res = match reject {
             Some(err) => {
                 outcome = match &err {
-                    GatewayError::Limited { .. } => "limited",
-                    GatewayError::StoreUnavailable(_) => "store_error_denied",
-                    _ => "rejected_identity",
+                    GatewayError::Limited { .. } => Outcome::Limited,
+                    GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
+                    _ => Outcome::RejectedIdentity,
                 };
                 let mut res = err.into_response(&rid);
                 if let Some((_, d)) = adm
@@ -218,7 +227,8 @@ impl Gateway {
                 let result = self
                     .forward(Outbound {
                         route,
-                        table: &table,
+                        table,
+                        upstream: &live.upstreams[route.upstream],
                         parts: &mut parts,
                         path: &path,
                         query: uri.query(),
@@ -237,22 +247,22 @@ impl Gateway {
                             res.status(),
                             StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
                         ) {
-                            "upstream_error"
+                            Outcome::UpstreamError
                         } else if adm.shadow_limited {
-                            "shadow_limited"
+                            Outcome::ShadowLimited
                         } else if adm.store_error_allowed {
-                            "store_error_allowed"
+                            Outcome::StoreErrorAllowed
                         } else {
-                            "forwarded"
+                            Outcome::Forwarded
                         };
                         res
                     }
                     Err(e) => {
                         if let ForwardError::ClientBody(_) = e {
-                            outcome = "rejected_request";
+                            outcome = Outcome::RejectedRequest;
                         } else {
-                            upstream_time = Some((secs, "error"));
-                            outcome = "upstream_error";
+                            upstream_time = Some((secs, UPSTREAM_FAILED));
+                            outcome = Outcome::UpstreamError;
                         }
                         GatewayError::from(e).into_response(&rid)
                     }
@@ -277,6 +287,7 @@ impl Gateway {
         // 6. Log and count.
         drop(inflight);
         self.log(
+            handles,
             &parts,
             &path,
             &rid,
@@ -300,6 +311,7 @@ impl Gateway {
         let Outbound {
             route,
             table,
+            upstream,
             parts,
             path,
             query,
@@ -342,7 +354,7 @@ impl Gateway {
             path_and_query,
             headers,
         };
-        let (mut res, target) = route.upstream.send(out, body).await?;
+        let (mut res, target) = upstream.send(out, body).await?;
 
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
         if let (true, Some(client)) = (switching, client_upgrade) {
@@ -362,6 +374,7 @@ impl Gateway {
     /// The one place a finished request is logged and counted.
     fn log(
         &self,
+        handles: &RouteMetrics,
         parts: &http::request::Parts,
         path: &str,
         rid: &HeaderValue,
@@ -369,22 +382,15 @@ impl Gateway {
         r: Record<'_>,
     ) {
         let m = &self.metrics;
-        let route = r.route.map_or("_none", |r| &r.name);
+        let route = r.route.map_or(NO_ROUTE, |r| &r.name);
         let elapsed = started.elapsed();
-        m.requests.with_label_values(&[route, r.outcome]).inc();
-        m.request_duration
-            .with_label_values(&[route])
-            .observe(elapsed.as_secs_f64());
+        handles.request(r.outcome, elapsed.as_secs_f64());
         if let Some((secs, class)) = r.upstream_time {
-            m.upstream_duration
-                .with_label_values(&[route, class])
-                .observe(secs);
+            handles.upstream(class, secs);
         }
-        if let (Some(adm), Some(rt)) = (r.admission, r.route) {
+        if let Some(adm) = r.admission {
             for (i, label) in &adm.decisions {
-                m.limit_decisions
-                    .with_label_values(&[route, &rt.limits[*i].name, label.as_str()])
-                    .inc();
+                handles.decision(*i, *label);
             }
             if let Some((store, t)) = adm.store_time {
                 m.store_duration
@@ -401,7 +407,7 @@ impl Gateway {
             method = %parts.method,
             path,
             status = r.status.as_u16(),
-            decision = r.outcome,
+            decision = r.outcome.as_str(),
             upstream = r.upstream.as_deref().unwrap_or("-"),
             duration_us = elapsed.as_micros() as u64,
             request_id = rid.to_str().unwrap_or("-"),

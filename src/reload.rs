@@ -11,6 +11,7 @@ use notify::{RecursiveMode, Watcher};
 
 use crate::config::{self, ConfigErrors};
 use crate::proxy::Gateway;
+use crate::runtime::Live;
 use crate::table::Table;
 
 /// Why a reload happened; file events with unchanged content are not reloads at all.
@@ -38,7 +39,7 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
         let hash = text.as_deref().map(config::version_of).unwrap_or_default();
         let mut last = gw.last_seen.lock();
         if *last == hash {
-            return Ok(gw.table.load().version.clone());
+            return Ok(gw.live.load().table.version.clone());
         }
         *last = hash;
     }
@@ -46,7 +47,7 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
         let mut file = config::parse(&name, &text)?;
         // The store is built once at start: compile against the running store settings so
         // keys keep the running `key_prefix` (a changed store section waits for a restart).
-        let running = &gw.table.load().file.store;
+        let running = &gw.live.load().table.file.store;
         if file.store != *running {
             tracing::warn!("store settings changed but need a restart; the running store is kept");
             file.store = running.clone();
@@ -71,7 +72,8 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
 
 /// Swap in a compiled table, keeping what only a restart can change.
 fn apply(gw: &Gateway, mut new: Table) -> String {
-    let old = gw.table.load_full();
+    let old_live = gw.live.load_full();
+    let old = &old_live.table;
     let mut restart = Vec::new();
     macro_rules! keep {
         ($($field:ident),*) => {$(
@@ -110,8 +112,8 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
     let version = new.version.clone();
-    gw.metrics.init_series(&new);
-    gw.table.store(Arc::new(new));
+    gw.live
+        .store(Arc::new(Live::new(new, Some(&old_live), &gw.metrics)));
     gw.metrics.forget(&gone_routes, &gone_limits);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version

@@ -7,13 +7,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use regex::Regex;
 
 use crate::config::file::OnError;
-use crate::forward::Upstream;
 use crate::limit::LimitRule;
 
 pub struct Route {
     pub name: Arc<str>,
     pub matcher: Matcher,
-    pub upstream: Arc<Upstream>,
+    /// Index into [`crate::table::Table::upstreams`].
+    pub upstream: usize,
     pub strip_prefix: bool,
     pub on_store_error: OnError,
     pub limits: Vec<LimitRule>,
@@ -101,17 +101,17 @@ fn strip_port(host: &str) -> &str {
     }
 }
 
-/// Find the first route matching the request.
-pub fn find<'t>(
-    routes: &'t [Route],
+/// The index of the first route matching the request.
+pub fn find(
+    routes: &[Route],
     method: &Method,
     path: &str,
     host: Option<&str>,
     headers: &HeaderMap,
-) -> Option<&'t Route> {
+) -> Option<usize> {
     routes
         .iter()
-        .find(|r| r.matcher.matches(method, path, host, headers))
+        .position(|r| r.matcher.matches(method, path, host, headers))
 }
 
 #[cfg(test)]

@@ -29,7 +29,21 @@ pub struct Table {
     pub identities: IdentitySources,
     pub headers: file::HeadersMode,
     pub paths: PathRules,
+    /// Upstreams as plain settings; a route names one by index. The runtime keeps the
+    /// connection pools (see [`crate::runtime`]), so a reload does not drop them.
+    pub upstreams: Vec<UpstreamSpec>,
     pub routes: Vec<Route>,
+}
+
+/// One upstream's settings. Two loads with equal specs share one client (and its warm
+/// keep-alive connections and round-robin position).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamSpec {
+    pub name: Arc<str>,
+    /// `host:port` authorities (validated by config).
+    pub targets: Vec<http::uri::Authority>,
+    pub connect_timeout: Duration,
+    pub timeout: Duration,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

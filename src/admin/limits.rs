@@ -19,8 +19,9 @@ use crate::table::Table;
 use http::{Response, StatusCode};
 
 pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
-    let table = gw.table.load_full();
-    let (rule, key) = match target(&table, route, limit, query) {
+    let live = gw.live.load_full();
+    let table = &live.table;
+    let (rule, key) = match target(table, route, limit, query) {
         Ok(t) => t,
         Err(res) => return res,
     };
@@ -49,8 +50,9 @@ pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -
 }
 
 pub async fn reset(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
-    let table = gw.table.load_full();
-    let (_, key) = match target(&table, route, limit, query) {
+    let live = gw.live.load_full();
+    let table = &live.table;
+    let (_, key) = match target(table, route, limit, query) {
         Ok(t) => t,
         Err(res) => return res,
     };

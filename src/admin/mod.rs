@@ -90,8 +90,9 @@ async fn admin(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
     match segments.as_slice() {
         ["config"] => match method {
             Method::GET | Method::HEAD => {
-                let table = gw.table.load_full();
-                match config::document(&table) {
+                let live = gw.live.load_full();
+                let table = &live.table;
+                match config::document(table) {
                     Ok(doc) => json_reply(StatusCode::OK, &doc),
                     Err(e) => problem(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -140,7 +141,7 @@ async fn reload_now(gw: Arc<Gateway>) -> Response<Body> {
 /// Loopback admin listeners are open; any other needs the bearer token (no token set:
 /// nothing passes — `sluice check` refuses that config anyway).
 fn authorized(gw: &Gateway, headers: &HeaderMap) -> bool {
-    if gw.table.load().admin_listen.ip().is_loopback() {
+    if gw.live.load().table.admin_listen.ip().is_loopback() {
         return true;
     }
     let Some(expected) = std::env::var(ADMIN_TOKEN_ENV)

@@ -1,8 +1,7 @@
 //! Validate a parsed [`File`] and compile it into a runtime [`Table`], collecting every error.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::uri::Authority;
@@ -14,13 +13,12 @@ use super::file::{self, File, RedisMode, StoreKind};
 use super::position::Positions;
 use super::{units, ConfigError, ConfigErrors};
 use crate::algo::{Algorithm, Params, ParamsError};
-use crate::forward::Upstream;
 use crate::headers::ratelimit::policy_value;
 use crate::identify::{ClientIpRules, IdentitySources, JwtSource};
 use crate::limit::{Cost, KeyPart, LimitRule};
 use crate::path::{EscapedSlashes, PathRules};
 use crate::route::{HostMatch, Matcher, PathMatch, Route};
-use crate::table::{RedisSettings, StoreSettings, Table};
+use crate::table::{RedisSettings, StoreSettings, Table, UpstreamSpec};
 
 /// Environment variable holding the admin bearer token.
 pub const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
@@ -134,7 +132,7 @@ pub fn compile(
         },
     };
 
-    let mut upstreams: BTreeMap<String, Arc<Upstream>> = BTreeMap::new();
+    let mut upstreams = Vec::with_capacity(file.upstreams.len());
     for (uname, u) in &file.upstreams {
         let base = format!("upstreams.{uname}");
         if u.targets.is_empty() {
@@ -149,12 +147,12 @@ pub fn compile(
             .enumerate()
             .filter_map(|(i, t)| target(&mut c, &format!("{base}.targets[{i}]"), t))
             .collect();
-        let connect = c.duration(&format!("{base}.connect_timeout"), &u.connect_timeout);
-        let timeout = c.duration(&format!("{base}.timeout"), &u.timeout);
-        upstreams.insert(
-            uname.clone(),
-            Arc::new(Upstream::new(uname, targets, connect, timeout)),
-        );
+        upstreams.push(UpstreamSpec {
+            name: uname.as_str().into(),
+            targets,
+            connect_timeout: c.duration(&format!("{base}.connect_timeout"), &u.connect_timeout),
+            timeout: c.duration(&format!("{base}.timeout"), &u.timeout),
+        });
     }
 
     let mut routes = Vec::with_capacity(file.routes.len());
@@ -173,7 +171,9 @@ pub fn compile(
             );
         }
         let matcher = matcher(&mut c, &format!("{base}.match"), &r.matcher, &paths);
-        let upstream = upstreams.get(&r.upstream).cloned();
+        let upstream = upstreams
+            .iter()
+            .position(|u: &UpstreamSpec| *u.name == *r.upstream);
         if upstream.is_none() {
             c.err(
                 &format!("{base}.upstream"),
@@ -231,6 +231,7 @@ pub fn compile(
         loaded_at: SystemTime::now(),
         headers: file.responses.headers,
         paths,
+        upstreams,
         file,
         listen,
         admin_listen,

@@ -21,7 +21,7 @@
 //! limit).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -45,6 +45,8 @@ pub struct RedisStore {
     /// Per-process random prefix + counter: unique sliding_log members across gateways.
     nonce_prefix: String,
     counter: AtomicU64,
+    /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
+    ever_connected: AtomicBool,
 }
 
 /// Build fred's config from ours (URL, mode, seeds, password).
@@ -167,11 +169,13 @@ impl RedisStore {
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
             counter: AtomicU64::new(0),
+            ever_connected: AtomicBool::new(false),
         })
     }
 
-    /// Wait (up to `within`) until every pooled connection is up. For startup logs and
-    /// `sluice check --connect`; requests never wait for this.
+    /// Wait (up to `within`) until every pooled connection is up and the script is loaded:
+    /// startup waits for this before opening the data listener, and so does
+    /// `sluice check --connect`.
     pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
         match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
             Ok(Ok(())) => {
@@ -198,11 +202,21 @@ impl RedisStore {
     /// client that is still (re)connecting would be queued and sent once it connects, long
     /// after its request was answered by the policy: a late charge for a request that was
     /// never decided. Not sending it at all is the only safe choice.
-    fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        let client = self.pool.next_connected();
+    ///
+    /// The one exception is a pool that has never been connected since the process started:
+    /// nothing was ever sent on it, so nothing can be sent twice, and waiting for it (bounded
+    /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
+    /// instead of by `on_error`.
+    async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
+        let mut client = self.pool.next_connected();
+        if !client.is_connected() && !self.ever_connected.load(Ordering::Acquire) {
+            let _ = self.pool.wait_for_connect().await;
+            client = self.pool.next_connected();
+        }
         if !client.is_connected() {
             return Err(StoreError::Connection("not connected to redis".into()));
         }
+        self.ever_connected.store(true, Ordering::Release);
         Ok(client.with_options(&self.opts))
     }
 
@@ -216,7 +230,7 @@ impl RedisStore {
     async fn eval(&self, calls: &[LimitCall], commit: bool) -> Result<Vec<Decision>, StoreError> {
         let nonce = self.nonce();
         let keys = || calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>();
-        let client = self.client()?;
+        let client = self.client().await?;
         let argv = scripts::argv(&nonce, commit, calls);
         let reply: Result<Vec<i64>, Error> =
             match client.evalsha(self.sha.as_str(), keys(), argv).await {
@@ -303,9 +317,9 @@ impl RedisStore {
     }
 
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        let client = self.client()?;
         self.guarded(async {
-            client
+            self.client()
+                .await?
                 .del::<i64, _>(key)
                 .await
                 .map(|_| ())
@@ -316,14 +330,17 @@ impl RedisStore {
 
     /// PING, bounded by `timeout`; it also serves as a breaker probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let r = match self.client() {
-            Ok(client) => tokio::time::timeout(self.timeout, client.ping::<String>(None))
+        let ping = async {
+            self.client()
+                .await?
+                .ping::<String>(None)
                 .await
-                .unwrap_or_else(|_| Err(Error::new(ErrorKind::Timeout, "ping timed out")))
                 .map(|_| ())
-                .map_err(|e| store_error(&e)),
-            Err(e) => Err(e),
+                .map_err(|e| store_error(&e))
         };
+        let r = tokio::time::timeout(self.timeout, ping)
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
         self.breaker.record(&r);
         r
     }

@@ -1,0 +1,45 @@
+//! What serves a loaded table: the compiled [`Table`] (plain data) together with the runtime
+//! resources resolved for it once, when it is applied: the upstream clients and the metric
+//! handles of every route. Compiling never builds either, so a config that is checked or
+//! rejected touches nothing, and a reload reuses every upstream client whose settings did not
+//! change (its warm keep-alive connections and its round-robin position survive).
+
+use std::sync::Arc;
+
+use crate::forward::Upstream;
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::table::Table;
+
+pub struct Live {
+    pub table: Table,
+    /// By index of [`Table::upstreams`].
+    pub upstreams: Vec<Arc<Upstream>>,
+    /// By index of [`Table::routes`].
+    pub routes: Vec<RouteMetrics>,
+    /// Route `_none`.
+    pub no_route: RouteMetrics,
+}
+
+impl Live {
+    /// Resolve `table`'s runtime resources, taking over `previous`'s upstream clients where
+    /// the settings are equal.
+    pub fn new(table: Table, previous: Option<&Live>, metrics: &Metrics) -> Live {
+        let upstreams = table
+            .upstreams
+            .iter()
+            .map(|spec| {
+                previous
+                    .and_then(|p| p.upstreams.iter().find(|u| u.spec() == spec))
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Upstream::new(spec)))
+            })
+            .collect();
+        let routes = table.routes.iter().map(|r| metrics.route(r)).collect();
+        Live {
+            upstreams,
+            routes,
+            no_route: metrics.no_route(),
+            table,
+        }
+    }
+}
