@@ -1,13 +1,18 @@
 //! Listeners: accept connections, serve HTTP/1.1 and h2c (with upgrades), and drain
 //! gracefully on shutdown.
 
+use std::any::Any;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{Request, Response};
+use bytes::Bytes;
+use futures_util::FutureExt;
+use http::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
+use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -16,7 +21,65 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::body::Body;
+use crate::body::{full, Body};
+use crate::headers::request_id::{self, X_REQUEST_ID};
+
+/// The largest request head (request line and header fields) the gateway reads: a longer
+/// one is answered `431 Request Header Fields Too Large` and the connection closed.
+///
+/// HTTP/1: hyper's read buffer limit (`max_buf_size`). While the head is incomplete,
+/// reaching it is `Parse::TooLarge`, which hyper answers with 431 itself. Bodies are not
+/// limited by it: they are read in pieces and streamed on, never held whole in this buffer
+/// (the same limit also caps hyper's write buffer, which response bodies pass through in
+/// pieces as well).
+/// HTTP/2: `SETTINGS_MAX_HEADER_LIST_SIZE` (decoded size, RFC 9113 §6.5.2); h2 answers a
+/// larger header block with 431 and resets the stream.
+pub const MAX_REQUEST_HEAD: usize = 64 * 1024;
+
+/// The answer to a request whose handler panicked: a 500 problem document (RFC 9457).
+/// The panic is caught per request, so the connection and the process keep serving.
+fn panicked(
+    payload: &(dyn Any + Send),
+    method: &http::Method,
+    uri: &http::Uri,
+    peer: SocketAddr,
+    client_rid: Option<HeaderValue>,
+) -> Response<Body> {
+    // The handler's own request id died with it: keep the client's if sane, else make one.
+    let mut h = HeaderMap::new();
+    if let Some(v) = client_rid {
+        h.insert(X_REQUEST_ID, v);
+    }
+    let rid = request_id::get_or_make(&h);
+    let msg = payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(non-string panic payload)");
+    tracing::error!(
+        panic = msg,
+        %method,
+        path = uri.path(),
+        %peer,
+        request_id = rid.to_str().unwrap_or("-"),
+        "request handler panicked; answered 500"
+    );
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": "Internal Server Error",
+        "status": 500,
+        "detail": "the gateway failed while handling this request",
+    });
+    let mut res = Response::new(full(Bytes::from(body.to_string())));
+    *res.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+    let h = res.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    h.insert(X_REQUEST_ID, rid);
+    res
+}
 
 /// Serve `listener` with `handler` until `stop` flips, then give in-flight requests up to
 /// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head.
@@ -35,8 +98,12 @@ pub async fn serve<H, F>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    builder.http2().timer(TokioTimer::new());
+        .header_read_timeout(header_timeout)
+        .max_buf_size(MAX_REQUEST_HEAD);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(MAX_REQUEST_HEAD as u32);
     let builder = Arc::new(builder);
     loop {
         tokio::select! {
@@ -52,9 +119,23 @@ pub async fn serve<H, F>(
                 };
                 let _ = stream.set_nodelay(true);
                 let h = handler.clone();
-                let svc = service_fn(move |req| {
+                let svc = service_fn(move |req: Request<Incoming>| {
                     let h = h.clone();
-                    async move { Ok::<_, Infallible>(h(req, peer).await) }
+                    // What the panic log and answer need, taken before the handler owns `req`.
+                    let (method, uri) = (req.method().clone(), req.uri().clone());
+                    let client_rid = req.headers().get(X_REQUEST_ID).cloned();
+                    async move {
+                        // The handler call itself is inside the caught future, so a panic
+                        // while building the future is caught as well as one while polling it.
+                        let res = match AssertUnwindSafe(async move { h(req, peer).await })
+                            .catch_unwind()
+                            .await
+                        {
+                            Ok(res) => res,
+                            Err(p) => panicked(&*p, &method, &uri, peer, client_rid),
+                        };
+                        Ok::<_, Infallible>(res)
+                    }
                 });
                 let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
                 let fut = graceful.watch(conn);

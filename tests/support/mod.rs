@@ -2,6 +2,7 @@
 //! ports, and a small HTTP client. Shared by every integration test file.
 #![allow(dead_code)]
 
+pub mod raw;
 pub mod redis;
 pub mod upstream;
 
