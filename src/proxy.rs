@@ -118,7 +118,12 @@ fn request_path<'a>(
             "only the `chunked` transfer coding is accepted".into(),
         ));
     }
-    crate::path::normalize(uri.path(), rules).map_err(|e| GatewayError::BadRequest(e.to_string()))
+    crate::path::normalize(uri.path(), rules).map_err(|e| match e {
+        // `OPTIONS *` and the like: nothing this gateway routes, and nothing after it on the
+        // connection is worth reading.
+        crate::path::PathError::NotAbsolute => GatewayError::Unframeable(e.to_string()),
+        e => GatewayError::BadRequest(e.to_string()),
+    })
 }
 
 /// No `Transfer-Encoding`, or exactly one `chunked` (RFC 9112 §6.1). hyper already refuses a
