@@ -81,7 +81,7 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
     // other, instead of by `on_error` (SPEC §3 "Startup"). Bounded by `startup_timeout`.
     let (label, policy) = (gw.store.label(), gw.live.load().table.store.on_error);
     match gw.store.wait_ready(startup_timeout).await {
-        Ok(()) => tracing::info!(store = label, "store ready"),
+        Ok(()) => tracing::info!(store = label, "store reachable"),
         Err(e) => tracing::warn!(
             store = label,
             error = %e,

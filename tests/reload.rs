@@ -280,3 +280,106 @@ async fn soak_50_reloads_under_load() {
         "RSS grew from {rss0} KiB to {rss1} KiB"
     );
 }
+
+/// A reload keeps every upstream client whose settings did not change: 20 reloads editing an
+/// unrelated limit while 8 keep-alive clients send requests cost (almost) no new upstream
+/// connection, and no request fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reloads_keep_warm_upstream_connections() {
+    let up = Upstream::start();
+    let s = Sluice::start(&limited(&up, "1000000/1h"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicUsize::new(0));
+    // 8 clients, each with one keep-alive connection to the gateway.
+    let clients: Vec<_> = (0..8)
+        .map(|_| {
+            let (stop, sent, url) = (stop.clone(), sent.clone(), s.url("/"));
+            tokio::spawn(async move {
+                let c = client();
+                let mut failed = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let r = get(&c, &url, &[]).await;
+                    if r.status != 200 {
+                        failed.push(r.status.as_u16());
+                    }
+                    sent.fetch_add(1, Ordering::Relaxed);
+                }
+                failed
+            })
+        })
+        .collect();
+    // Warm up: every client has had answers, so the gateway's upstream pool is full.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            sent.load(Ordering::Relaxed) > 200
+        })
+        .await
+    );
+    let warm = up.conns();
+    for i in 0..20 {
+        let rate = format!("{}/1h", 1_000_001 + i);
+        s.rewrite_config(&limited(&up, &rate));
+        s.wait_reloads("success", f64::from(i + 1)).await;
+        let at = sent.load(Ordering::Relaxed);
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                sent.load(Ordering::Relaxed) > at + 16
+            })
+            .await
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for c in clients {
+        assert_eq!(c.await.unwrap(), Vec::<u16>::new(), "requests failed");
+    }
+    let new = up.conns() - warm;
+    assert!(
+        new <= 2,
+        "20 reloads opened {new} new upstream connections ({warm} when warm)"
+    );
+}
+
+/// A route removed while a request on it is in flight: once that request ends, none of the
+/// route's series is left in /metrics (the request counts into handles the reload detached).
+#[tokio::test]
+async fn a_removed_route_leaves_no_series_behind_its_in_flight_requests() {
+    let up = Upstream::start();
+    let two_routes = format!(
+        "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: gone\n    match: {{ path_prefix: /slow }}\n    upstream: up\n    limits:\n      - {{ name: lim, by: ip, algorithm: gcra, rate: 100/1s }}\n  - name: stays\n    match: {{ path_prefix: / }}\n    upstream: up\n",
+        up.url()
+    );
+    let s = Sluice::start(&two_routes);
+    let c = client();
+    let url = s.url("/slow?ms=1500");
+    let slow = tokio::spawn(async move { get(&client(), &url, &[]).await.status });
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            metric(
+                &s.metrics(&c).await,
+                "sluice_inflight_requests",
+                &[("route", "gone")],
+            ) == 1.0
+        })
+        .await
+    );
+    let one_route = two_routes
+        .split("  - name: stays")
+        .nth(1)
+        .map(|rest| {
+            format!(
+                "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: stays{rest}",
+                up.url()
+            )
+        })
+        .unwrap();
+    s.rewrite_config(&one_route);
+    s.wait_reloads("success", 1.0).await;
+    assert_eq!(slow.await.unwrap(), 200, "the in-flight request finished");
+    let m = s.metrics(&c).await;
+    let left: Vec<&str> = m
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.contains("route=\"gone\""))
+        .collect();
+    assert!(left.is_empty(), "series of the removed route: {left:#?}");
+    assert!(m.contains("route=\"stays\""), "{m}");
+}

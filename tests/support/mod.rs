@@ -62,6 +62,26 @@ impl Sluice {
     /// is not loopback and so needs `SLUICE_ADMIN_TOKEN` in `env`). Tests still reach the
     /// admin listener at 127.0.0.1.
     pub fn start_admin_on(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
+        let mut s = Sluice::launch(yaml, env, admin_ip);
+        s.wait_ready();
+        s
+    }
+
+    /// Start several gateways at the same moment (all spawned before any is waited for);
+    /// each is returned once both its ports accept, and not a moment later.
+    pub fn start_together(yamls: &[String]) -> Vec<Sluice> {
+        let mut all: Vec<Sluice> = yamls
+            .iter()
+            .map(|y| Sluice::launch(y, &[], "127.0.0.1"))
+            .collect();
+        for s in &mut all {
+            s.wait_ready();
+        }
+        all
+    }
+
+    /// Write the config and spawn the process, without waiting for it.
+    fn launch(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
         let dir = tempfile::tempdir().unwrap();
         let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let port = free_port();
@@ -83,6 +103,7 @@ impl Sluice {
         s
     }
 
+    /// Spawn `sluice run` on this config (see [`Sluice::launch`]).
     fn spawn(&mut self, env: &[(&str, &str)]) {
         let log = std::fs::File::create(&self.log_path).unwrap();
         let mut cmd = Command::new(sluice_bin());
@@ -99,7 +120,6 @@ impl Sluice {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn sluice"));
-        self.wait_ready();
     }
 
     fn wait_ready(&mut self) {

@@ -26,6 +26,8 @@ pub struct Upstream {
     pub addr: SocketAddr,
     /// Requests answered.
     pub hits: Arc<AtomicUsize>,
+    /// Connections accepted.
+    pub conns: Arc<AtomicUsize>,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -38,6 +40,8 @@ impl Upstream {
         let hits = Arc::new(AtomicUsize::new(0));
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
         let h = hits.clone();
+        let conns = Arc::new(AtomicUsize::new(0));
+        let accepted = conns.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
@@ -51,6 +55,7 @@ impl Upstream {
                         _ = &mut rx => break,
                         a = listener.accept() => {
                             let Ok((stream, _)) = a else { continue };
+                            accepted.fetch_add(1, Ordering::SeqCst);
                             let h = h.clone();
                             tokio::spawn(async move {
                                 let svc = service_fn(move |req| {
@@ -67,6 +72,7 @@ impl Upstream {
         Upstream {
             addr,
             hits,
+            conns,
             shutdown: Some(tx),
             thread: Some(thread),
         }
@@ -78,6 +84,10 @@ impl Upstream {
 
     pub fn hits(&self) -> usize {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    pub fn conns(&self) -> usize {
+        self.conns.load(Ordering::SeqCst)
     }
 }
 
