@@ -4,36 +4,22 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::io::Write;
+use std::net::SocketAddr;
 use std::time::Duration;
 
-use support::{Sluice, Upstream};
+use support::{raw, Sluice, Upstream};
 
 /// One request as raw bytes on a fresh connection (`Connection: close`): status and body.
 fn raw_get(addr: SocketAddr, target: &str) -> (u16, String) {
-    let mut st = TcpStream::connect(addr).unwrap();
-    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let req = format!("GET {target} HTTP/1.1\r\nHost: gw.test\r\nConnection: close\r\n\r\n");
-    st.write_all(req.as_bytes()).unwrap();
-    let mut buf = Vec::new();
-    st.read_to_end(&mut buf).unwrap();
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no status line in {text:?}"));
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    (status, body)
+    let ex = raw::exchange(addr, req.as_bytes(), Duration::from_secs(10));
+    let res = ex.one();
+    (res.status, res.text())
 }
 
-/// The JSON the test upstream echoes (path and query as it received them).
+/// The JSON the test upstream echoes (path and query as it received them), or a problem.
 fn echoed(body: &str) -> serde_json::Value {
-    // The gateway answers with Content-Length, so the body is the document itself.
     serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
 }
 

@@ -785,12 +785,8 @@ async fn startup_with_redis_down_serves_per_policy() {
 async fn cluster_gateway_limits_exactly() {
     let cluster = RedisCluster::start();
     let up = Upstream::start();
-    let nodes: Vec<String> = cluster.seeds().iter().map(|n| format!("\"{n}\"")).collect();
     let yaml = config(
-        &format!(
-            "{{ mode: cluster, nodes: [{}], timeout: 500ms, pool_size: 2 }}",
-            nodes.join(", ")
-        ),
+        &cluster.store_map("timeout: 500ms, pool_size: 2"),
         "deny",
         &up,
         &[route(
@@ -857,17 +853,8 @@ async fn cluster_gateway_limits_exactly() {
 async fn sentinel_gateway_limits() {
     let sentinel = Sentinel::start();
     let up = Upstream::start();
-    let nodes: Vec<String> = sentinel
-        .sentinel_nodes()
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect();
     let yaml = config(
-        &format!(
-            "{{ mode: sentinel, nodes: [{}], sentinel_service: {}, timeout: 500ms, pool_size: 2 }}",
-            nodes.join(", "),
-            sentinel.service()
-        ),
+        &sentinel.store_map("timeout: 500ms, pool_size: 2"),
         "deny",
         &up,
         &[route(

@@ -83,12 +83,8 @@ async fn two_gateways_started_together_decide_the_first_requests() {
 async fn cluster_decides_the_first_requests() {
     let cluster = RedisCluster::start();
     let up = Upstream::start();
-    let nodes: Vec<String> = cluster.seeds().iter().map(|n| format!("\"{n}\"")).collect();
     let s = Sluice::start(&config(
-        &format!(
-            "{{ mode: cluster, nodes: [{}], timeout: 500ms, pool_size: 2 }}",
-            nodes.join(", ")
-        ),
+        &cluster.store_map("timeout: 500ms, pool_size: 2"),
         &up,
     ));
     assert_exact(&burst(std::slice::from_ref(&s)).await, &up, &[&s]);
@@ -98,17 +94,8 @@ async fn cluster_decides_the_first_requests() {
 async fn sentinel_decides_the_first_requests() {
     let sentinel = Sentinel::start();
     let up = Upstream::start();
-    let nodes: Vec<String> = sentinel
-        .sentinel_nodes()
-        .iter()
-        .map(|n| format!("\"{n}\""))
-        .collect();
     let s = Sluice::start(&config(
-        &format!(
-            "{{ mode: sentinel, nodes: [{}], sentinel_service: {}, timeout: 500ms, pool_size: 2 }}",
-            nodes.join(", "),
-            sentinel.service()
-        ),
+        &sentinel.store_map("timeout: 500ms, pool_size: 2"),
         &up,
     ));
     assert_exact(&burst(std::slice::from_ref(&s)).await, &up, &[&s]);

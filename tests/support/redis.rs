@@ -597,6 +597,15 @@ impl RedisCluster {
     }
 
     /// "127.0.0.1:P" for every node.
+    /// The `store.redis` map of a gateway on this cluster, plus `extra` settings.
+    pub fn store_map(&self, extra: &str) -> String {
+        let nodes: Vec<String> = self.seeds().iter().map(|n| format!("\"{n}\"")).collect();
+        format!(
+            "{{ mode: cluster, nodes: [{}], {extra} }}",
+            nodes.join(", ")
+        )
+    }
+
     pub fn seeds(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.addr()).collect()
     }
@@ -735,6 +744,20 @@ impl Sentinel {
     }
 
     /// "127.0.0.1:S" for each sentinel.
+    /// The `store.redis` map of a gateway on this Sentinel setup, plus `extra` settings.
+    pub fn store_map(&self, extra: &str) -> String {
+        let nodes: Vec<String> = self
+            .sentinel_nodes()
+            .iter()
+            .map(|n| format!("\"{n}\""))
+            .collect();
+        format!(
+            "{{ mode: sentinel, nodes: [{}], sentinel_service: {}, {extra} }}",
+            nodes.join(", "),
+            self.service()
+        )
+    }
+
     pub fn sentinel_nodes(&self) -> Vec<String> {
         self.sentinels
             .iter()
