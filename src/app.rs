@@ -56,6 +56,16 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
     let (drain, header_timeout) = (table.drain_timeout, table.client_header_timeout);
     let startup_timeout = table.store.redis.startup_timeout;
     let gw = gateway(table, config_path).await;
+    // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
+    // accepts must reload or drain, not kill the process by the default action.
+    let shutdown = shutdown_signal();
+    let _watcher = match reload::spawn_watchers(gw.clone()) {
+        Ok(w) => Some(w),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
+            None
+        }
+    };
 
     // The admin listener opens first, so probes see `/readyz` answer 503 while the store
     // connects.
@@ -100,13 +110,6 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
     };
     tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin_listen, version = %gw.live.load().table.version, "sluice serving");
 
-    let _watcher = match reload::spawn_watchers(gw.clone()) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
-            None
-        }
-    };
     let sweeper = gw.local.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -128,7 +131,7 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
         drain,
     ));
 
-    shutdown_signal().await;
+    shutdown.await;
     tracing::info!(
         ?drain,
         "shutting down: no new connections, draining in-flight requests"
@@ -139,12 +142,15 @@ pub async fn run(table: Table, config_path: PathBuf) -> i32 {
     0
 }
 
-async fn shutdown_signal() {
+/// Install the SIGTERM/SIGINT handlers now; the returned future ends at the first signal.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }

@@ -138,11 +138,10 @@ pub fn spawn_watchers(gw: Arc<Gateway>) -> notify::Result<notify::RecommendedWat
             let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::File)).await;
         }
     });
+    // Installed before returning (not inside the task), so a SIGHUP that arrives as soon as
+    // the caller opens its ports reloads instead of terminating the process.
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     tokio::spawn(async move {
-        let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        else {
-            return;
-        };
         while hup.recv().await.is_some() {
             let gw = gw.clone();
             let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::Signal)).await;
