@@ -14,6 +14,9 @@ use crate::proxy::Gateway;
 use crate::runtime::Live;
 use crate::table::Table;
 
+/// How long a file that does not parse is given to finish being written (see [`reload`]).
+const SETTLE: Duration = Duration::from_millis(150);
+
 /// Why a reload happened; file events with unchanged content are not reloads at all.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Trigger {
@@ -26,14 +29,36 @@ pub enum Trigger {
 pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
     let _serial = gw.reload_lock.lock();
     let name = gw.config_path.display().to_string();
-    let text = std::fs::read_to_string(&gw.config_path).map_err(|e| {
-        ConfigErrors(vec![config::ConfigError {
-            file: name.clone(),
-            line: 1,
-            col: 1,
-            message: format!("cannot read config: {e}"),
-        }])
-    });
+    let read = || {
+        std::fs::read_to_string(&gw.config_path).map_err(|e| {
+            ConfigErrors(vec![config::ConfigError {
+                file: name.clone(),
+                line: 1,
+                col: 1,
+                message: format!("cannot read config: {e}"),
+            }])
+        })
+    };
+    let mut text = read();
+    if trigger == Trigger::File {
+        // A file event can land between an in-place writer's truncate and its write: content
+        // that does not parse is looked at again once the writer had time to finish, and only
+        // content that is still the same counts as a bad edit.
+        for _ in 0..3 {
+            let parses = text
+                .as_deref()
+                .is_ok_and(|t| config::parse(&name, t).is_ok());
+            if parses {
+                break;
+            }
+            std::thread::sleep(SETTLE);
+            let again = read();
+            if again.as_ref().ok() == text.as_ref().ok() {
+                break;
+            }
+            text = again;
+        }
+    }
     if trigger == Trigger::File {
         // Editors write several events per save: act only when the content really changed.
         let hash = text.as_deref().map(config::version_of).unwrap_or_default();

@@ -303,6 +303,8 @@ async fn reloads_keep_warm_upstream_connections() {
                         failed.push(r.status.as_u16());
                     }
                     sent.fetch_add(1, Ordering::Relaxed);
+                    // Paced, so the test does not starve the others on a 2-core machine.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
                 }
                 failed
             })
