@@ -31,7 +31,10 @@ pub fn policy_value(route: &str, limit: &str, p: &Params) -> HeaderValue {
     if p.algorithm.is_bucket() {
         s.push_str(&format!(";sluice-burst={}", p.capacity));
     }
-    HeaderValue::from_str(&s).expect("route and limit names are [a-z0-9_-]")
+    // A name outside [a-z0-9_-] is a config error, but the compiler still builds the rest of
+    // the limit to report every error at once: never panic on one here.
+    s.retain(|c| !c.is_control());
+    HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
 /// Add the fields for `d`, the most constraining limit, according to `mode`.

@@ -65,7 +65,7 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
 /// Decode a reply of 5 integers per key into decisions.
 pub fn decisions(reply: &[i64], keys: usize) -> Result<Vec<crate::algo::Decision>, String> {
     use crate::algo::{Code, Decision};
-    if reply.len() != 5 * keys {
+    if keys.checked_mul(5) != Some(reply.len()) {
         return Err(format!(
             "script answered {} integers for {keys} keys",
             reply.len()
