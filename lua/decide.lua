@@ -32,7 +32,7 @@ local function decide_all(now, extra_args)
     if ALGO[p.algorithm] == nil then
       error({err = 'sluice: unknown algorithm in ARGV[' .. (b + 1) .. ']'})
     end
-    p.limit = arg(b + 2, 1, 10000000, 'limit')
+    p.limit = arg(b + 2, 1, 10000000, 'limit') -- Params::MAX_LIMIT in src/algo/mod.rs
     p.window = arg(b + 3, 1, MAX_EXACT - 1, 'window')
     p.capacity = arg(b + 4, 1, MAX_EXACT - 1, 'capacity')
     p.interval = arg(b + 5, 1, MAX_EXACT - 1, 'interval')

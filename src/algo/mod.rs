@@ -127,6 +127,8 @@ pub const MAX_EXACT: u64 = 1 << 53;
 pub enum ParamsError {
     #[error("rate must admit at least 1 per window")]
     ZeroLimit,
+    #[error("rate must admit at most 10000000 per window")]
+    LimitTooLarge,
     #[error("window must be at least 1s and at most 7d")]
     Window,
     #[error("burst must be at least 1")]
@@ -141,6 +143,8 @@ impl Params {
     pub const MIN_WINDOW_US: u64 = 1_000_000;
     pub const MAX_WINDOW_US: u64 = 7 * 86_400 * 1_000_000;
     pub const MAX_SLIDING_LOG: u64 = 10_000;
+    /// The largest N per window; `lua/decide.lua` refuses anything above it too.
+    pub const MAX_LIMIT: u64 = 10_000_000;
 
     pub fn new(
         algorithm: Algorithm,
@@ -150,6 +154,9 @@ impl Params {
     ) -> Result<Params, ParamsError> {
         if limit == 0 {
             return Err(ParamsError::ZeroLimit);
+        }
+        if limit > Self::MAX_LIMIT {
+            return Err(ParamsError::LimitTooLarge);
         }
         if !(Self::MIN_WINDOW_US..=Self::MAX_WINDOW_US).contains(&window_us) {
             return Err(ParamsError::Window);

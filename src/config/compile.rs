@@ -617,7 +617,12 @@ fn limit_rule(
         );
         return None;
     }
-    let params = match Params::new(algorithm, n, window.as_micros() as u64, l.burst) {
+    let params = match Params::new(
+        algorithm,
+        n,
+        u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+        l.burst,
+    ) {
         Ok(p) => p,
         Err(e) => {
             let at = match e {

@@ -1,6 +1,7 @@
 //! Configuration: read the YAML file, validate it completely, and compile it into the
 //! immutable runtime [`Table`](crate::table::Table). Every error carries `FILE:LINE:COL`.
 
+pub mod aliases;
 pub mod compile;
 pub mod file;
 pub mod position;
@@ -23,14 +24,27 @@ pub struct ConfigError {
 }
 
 impl fmt::Display for ConfigError {
+    /// One line per error, whatever the file held: control characters in echoed values are
+    /// escaped and a message is cut at [`MAX_MESSAGE`] characters, so every line of
+    /// `sluice check`'s stderr starts with `FILE:LINE:COL: `.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{}:{}:{}: {}",
-            self.file, self.line, self.col, self.message
-        )
+        write!(f, "{}:{}:{}: ", self.file, self.line, self.col)?;
+        for (i, c) in self.message.chars().enumerate() {
+            if i == MAX_MESSAGE {
+                return f.write_str("…");
+            }
+            if c.is_control() {
+                write!(f, "{}", c.escape_default())?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
     }
 }
+
+/// Longest message printed for one error, in characters.
+pub const MAX_MESSAGE: usize = 300;
 
 /// All problems found in one file (never empty).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +89,14 @@ pub fn load_str(name: &str, text: &str) -> Result<Table, ConfigErrors> {
 
 /// Parse config text into its file form (structure and types only).
 pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
+    if let Err((line, col, message)) = aliases::check(text) {
+        return Err(ConfigErrors(vec![ConfigError {
+            file: name.to_string(),
+            line,
+            col,
+            message,
+        }]));
+    }
     serde_yaml::from_str(text).map_err(|e| {
         let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
         // serde_yaml appends " at line L column C"; the position goes in front instead.
