@@ -1,61 +1,142 @@
-//! Logs on stderr via tracing-subscriber, written through a shared buffer that a background
-//! thread flushes every 100 ms (and when full, and at exit). A request never pays a
-//! `write(2)` for its access-log line, and no thread is woken per line; at worst the last
-//! 100 ms of lines are lost if the process is killed with SIGKILL.
+//! Logs on stderr via tracing-subscriber, written without ever blocking a request.
+//!
+//! A log line is appended to an in-memory buffer under a lock held only for the copy; a
+//! background thread takes the whole buffer every 100 ms (or as soon as it passes 64 KiB) and
+//! writes it to stderr with the lock released. A request never pays a `write(2)`, and a stalled
+//! reader of stderr (a full pipe, a paused log shipper) cannot stall the data plane: past
+//! [`MAX_PENDING`] bytes waiting, lines are dropped and counted, and the count is written once
+//! the sink drains. At worst the last 100 ms of lines are lost on SIGKILL.
 
-use std::io::{BufWriter, Stderr, Write};
+use std::io::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::EnvFilter;
 
 const FLUSH_EVERY: Duration = Duration::from_millis(100);
+/// Wake the writer early once this much is waiting.
+const FLUSH_AT: usize = 64 * 1024;
+/// Waiting bytes past which new lines are dropped (the sink is not keeping up).
+pub const MAX_PENDING: usize = 8 * 1024 * 1024;
 
-/// The shared buffer; cloning shares it.
+struct Shared {
+    pending: Mutex<Vec<u8>>,
+    wake: Condvar,
+    dropped: AtomicU64,
+    /// Serializes writes to stderr (the writer thread and a final [`Buffered::flush`]).
+    sink: Mutex<()>,
+}
+
+/// The log buffer; cloning shares it.
 #[derive(Clone)]
-pub struct Buffered(Arc<Mutex<BufWriter<Stderr>>>);
+pub struct Buffered(Arc<Shared>);
 
 impl Buffered {
+    fn new() -> Buffered {
+        Buffered(Arc::new(Shared {
+            pending: Mutex::new(Vec::with_capacity(FLUSH_AT)),
+            wake: Condvar::new(),
+            dropped: AtomicU64::new(0),
+            sink: Mutex::new(()),
+        }))
+    }
+
+    /// Write out everything waiting (at exit; the writer thread does this continuously).
     pub fn flush(&self) {
-        let _ = self.0.lock().flush();
+        let mut out = Vec::new();
+        self.write_out(&mut out);
+    }
+
+    /// Swap the waiting bytes into `out` (so buffers are reused) and write them, unlocked.
+    fn write_out(&self, out: &mut Vec<u8>) {
+        out.clear();
+        std::mem::swap(&mut *self.0.pending.lock(), out);
+        let dropped = self.0.dropped.swap(0, Ordering::Relaxed);
+        if out.is_empty() && dropped == 0 {
+            return;
+        }
+        let _sink = self.0.sink.lock();
+        let mut err = std::io::stderr().lock();
+        let _ = err.write_all(out);
+        if dropped > 0 {
+            let _ = writeln!(
+                err,
+                "sluice: {dropped} log lines dropped: stderr was not being read fast enough"
+            );
+        }
+        let _ = err.flush();
+    }
+
+    fn run_writer(self) {
+        let mut out = Vec::with_capacity(FLUSH_AT);
+        loop {
+            {
+                let mut pending = self.0.pending.lock();
+                if pending.len() < FLUSH_AT {
+                    self.0.wake.wait_for(&mut pending, FLUSH_EVERY);
+                }
+            }
+            self.write_out(&mut out);
+        }
     }
 }
 
-pub struct Line<'a>(parking_lot::MutexGuard<'a, BufWriter<Stderr>>);
+/// One log event's writer: appends to the shared buffer, or discards when it is full.
+pub struct Line<'a> {
+    buf: Option<MutexGuard<'a, Vec<u8>>>,
+    wake: &'a Condvar,
+}
 
 impl Write for Line<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.write(buf)
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if let Some(buf) = self.buf.as_mut() {
+            buf.extend_from_slice(b);
+        }
+        Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
 }
 
+impl Drop for Line<'_> {
+    fn drop(&mut self) {
+        // Wake the writer only when a line crosses the threshold, not once per line.
+        if self.buf.as_ref().is_some_and(|b| b.len() >= FLUSH_AT) {
+            self.wake.notify_one();
+        }
+    }
+}
+
 impl<'a> MakeWriter<'a> for Buffered {
     type Writer = Line<'a>;
     fn make_writer(&'a self) -> Line<'a> {
-        Line(self.0.lock())
+        let guard = self.0.pending.lock();
+        let buf = if guard.len() >= MAX_PENDING {
+            self.0.dropped.fetch_add(1, Ordering::Relaxed);
+            None
+        } else {
+            Some(guard)
+        };
+        Line {
+            buf,
+            wake: &self.0.wake,
+        }
     }
 }
 
 /// Install the global subscriber: JSON when `json`, human otherwise; level from `RUST_LOG`
 /// (default `info`). Returns the buffer so the caller can flush it before exiting.
 pub fn init(json: bool, ansi: bool) -> Buffered {
-    let buf = Buffered(Arc::new(Mutex::new(BufWriter::with_capacity(
-        64 * 1024,
-        std::io::stderr(),
-    ))));
-    let flusher = buf.clone();
+    let buf = Buffered::new();
+    let writer = buf.clone();
     std::thread::Builder::new()
-        .name("log-flush".into())
-        .spawn(move || loop {
-            std::thread::sleep(FLUSH_EVERY);
-            flusher.flush();
-        })
-        .expect("spawn log flusher");
+        .name("log-writer".into())
+        .spawn(move || writer.run_writer())
+        .expect("spawn log writer");
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -67,4 +148,21 @@ pub fn init(json: bool, ansi: bool) -> Buffered {
         b.init();
     }
     buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_buffer_drops_and_counts_instead_of_growing() {
+        let b = Buffered::new();
+        let line = vec![b'x'; 1024];
+        for _ in 0..(MAX_PENDING / 1024 + 10) {
+            let mut w = b.make_writer();
+            w.write_all(&line).unwrap();
+        }
+        assert_eq!(b.0.pending.lock().len(), MAX_PENDING);
+        assert_eq!(b.0.dropped.load(Ordering::Relaxed), 10);
+    }
 }
