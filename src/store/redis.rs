@@ -126,9 +126,23 @@ fn store_error(e: &Error) -> StoreError {
         | ErrorKind::Tls
         | ErrorKind::Config
         | ErrorKind::Url => StoreError::Connection(e.to_string()),
+        // fred reports some transport failures with the same kind as a Redis error reply;
+        // counting them as script errors would tell the breaker that a dead Redis answered.
+        ErrorKind::Unknown if CLIENT_SIDE_FAILURES.contains(&e.details()) => {
+            StoreError::Connection(e.to_string())
+        }
         _ => StoreError::Script(e.to_string()),
     }
 }
+
+/// fred's own messages (fred 10.1 `router/commands.rs`, `protocol/command.rs`,
+/// `protocol/connection.rs`) for a command that never got a reply from Redis.
+const CLIENT_SIDE_FAILURES: [&str; 4] = [
+    "Failed to route command.",
+    "Too many failed write attempts.",
+    "Missing response.",
+    "Max attempts exceeded",
+];
 
 fn is_noscript(e: &Error) -> bool {
     e.details().starts_with("NOSCRIPT")
@@ -363,6 +377,32 @@ mod tests {
             key_prefix: "sluice:".into(),
             startup_timeout: Duration::from_secs(5),
         }
+    }
+
+    #[test]
+    fn transport_failures_are_connection_errors_and_replies_are_script_errors() {
+        let unknown = |m: &str| Error::new(ErrorKind::Unknown, m.to_string());
+        assert!(matches!(
+            store_error(&unknown("Failed to route command.")),
+            StoreError::Connection(_)
+        ));
+        assert!(matches!(
+            store_error(&unknown("Too many failed write attempts.")),
+            StoreError::Connection(_)
+        ));
+        // An error reply from the script or from Redis is the store answering.
+        assert!(matches!(
+            store_error(&unknown("sluice: bad limit in ARGV[4]")),
+            StoreError::Script(_)
+        ));
+        assert!(matches!(
+            store_error(&Error::new(ErrorKind::IO, "reset")),
+            StoreError::Connection(_)
+        ));
+        assert_eq!(
+            store_error(&Error::new(ErrorKind::Timeout, "t")),
+            StoreError::Timeout
+        );
     }
 
     #[test]
