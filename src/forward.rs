@@ -17,7 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 
-use crate::table::UpstreamSpec;
+use crate::model::table::UpstreamSpec;
 
 /// How long a target that refused a connection is skipped before being tried again.
 const REFUSED_BACKOFF: Duration = Duration::from_secs(1);

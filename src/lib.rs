@@ -7,22 +7,15 @@
 
 pub mod admin;
 pub mod algo;
-pub mod app;
 pub mod body;
 pub mod config;
 pub mod forward;
 pub mod headers;
 pub mod identify;
 pub mod limit;
-pub mod logging;
-pub mod metrics;
-pub mod outcome;
-pub mod path;
+pub mod model;
 pub mod proxy;
-pub mod reload;
 pub mod respond;
-pub mod route;
 pub mod runtime;
-pub mod server;
 pub mod store;
-pub mod table;
+pub mod telemetry;

@@ -1,58 +1,21 @@
 //! Stage 3 — limit: turn the route's limits into one all-or-nothing store call, apply the
 //! store-error policy, and say whether the request may pass and which limit to advertise.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::HeaderMap;
 use sha2::{Digest, Sha256};
 
-use crate::algo::{Code, Decision, Params};
-use crate::config::file::{OnError, OnMissing};
+use crate::algo::{Code, Decision};
 use crate::headers::ratelimit::retry_after_secs;
 use crate::identify::Identity;
+use crate::model::limit::{Cost, KeyPart, LimitRule};
+use crate::model::policy::{OnError, OnMissing};
+use crate::model::route::Route;
 use crate::respond::GatewayError;
-use crate::route::Route;
 use crate::store::backend::Backend;
 use crate::store::memory::MemoryStore;
 use crate::store::{LimitCall, StoreError};
-
-/// One part of a limit's key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeyPart {
-    Ip,
-    ApiKey,
-    User,
-    Header(HeaderName),
-    /// The whole route shares one counter.
-    Route,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Cost {
-    Static(u64),
-    Header {
-        name: HeaderName,
-        default: u64,
-        max: u64,
-    },
-}
-
-/// A compiled limit of a route.
-#[derive(Debug, Clone)]
-pub struct LimitRule {
-    pub name: Arc<str>,
-    pub by: Vec<KeyPart>,
-    pub params: Params,
-    pub cost: Cost,
-    pub shadow: bool,
-    pub on_missing: OnMissing,
-    /// `{prefix}{route}:{limit}:{algorithm}:`; the hashed identity follows in braces (a
-    /// Redis Cluster hash tag). Rate and burst are not part of it, so editing them keeps state.
-    pub key_base: String,
-    /// The `RateLimit-Policy` item, computed at load.
-    pub policy: HeaderValue,
-}
 
 /// The per-limit label of `sluice_limit_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,7 +241,8 @@ pub async fn decide(route: &Route, plan: Plan, store: &Backend, local: &MemorySt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::Algorithm;
+    use crate::algo::{Algorithm, Params};
+    use http::HeaderValue;
 
     #[test]
     fn store_key_is_the_base_and_128_bits_of_sha256_in_hex_braces() {

@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config;
-use sluice::table::Table;
+use sluice::config::file::File;
+use sluice::config::Loaded;
+use sluice::model::table::Table;
 
 #[derive(Parser)]
 #[command(
@@ -57,7 +59,7 @@ fn main() -> ExitCode {
     }
 }
 
-fn load_or_report(path: &std::path::Path) -> Option<Table> {
+fn load_or_report(path: &std::path::Path) -> Option<Loaded> {
     match config::load(path) {
         Ok(t) => Some(t),
         Err(errors) => {
@@ -71,16 +73,17 @@ fn load_or_report(path: &std::path::Path) -> Option<Table> {
 
 fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
     let logs = init_logging(format);
-    let Some(table) = load_or_report(path) else {
+    let Some(loaded) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    let rt = if table.workers == 1 {
+    let workers = loaded.table.workers;
+    let rt = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
     } else {
         tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(table.workers)
+            .worker_threads(workers)
             .enable_all()
             .build()
     };
@@ -91,7 +94,7 @@ fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = rt.block_on(sluice::app::run(table, path.to_path_buf()));
+    let code = rt.block_on(sluice::runtime::app::run(loaded, path.to_path_buf()));
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     logs.flush();
     ExitCode::from(code as u8)
@@ -101,14 +104,14 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     let Some(t) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    print!("{}", summary(path, &t));
+    print!("{}", summary(path, &t.table, &t.file));
     if connect {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
         let result = rt.block_on(async {
-            let gw = sluice::app::gateway(t, path.to_path_buf()).await;
+            let gw = sluice::runtime::app::gateway(t, path.to_path_buf()).await;
             gw.store.wait_ready(std::time::Duration::from_secs(3)).await
         });
         match result {
@@ -122,7 +125,7 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn summary(path: &std::path::Path, t: &Table) -> String {
+fn summary(path: &std::path::Path, t: &Table, file: &File) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "{}: OK, version {}", path.display(), t.version);
@@ -132,8 +135,10 @@ fn summary(path: &std::path::Path, t: &Table) -> String {
         t.listen, t.admin_listen, t.workers
     );
     let store = match t.store.kind {
-        config::file::StoreKind::Memory => format!("memory (max {} keys)", t.store.memory_max_keys),
-        config::file::StoreKind::Redis => format!(
+        sluice::model::policy::StoreKind::Memory => {
+            format!("memory (max {} keys)", t.store.memory_max_keys)
+        }
+        sluice::model::policy::StoreKind::Redis => format!(
             "redis {:?} {}",
             t.store.redis.mode,
             t.store
@@ -148,15 +153,14 @@ fn summary(path: &std::path::Path, t: &Table) -> String {
     let _ = writeln!(
         s,
         "upstreams {}",
-        t.file
-            .upstreams
+        file.upstreams
             .iter()
             .map(|(n, u)| format!("{n} ({})", u.targets.join(" ")))
             .collect::<Vec<_>>()
             .join(", ")
     );
     let _ = writeln!(s, "routes {}:", t.routes.len());
-    for (r, fr) in t.routes.iter().zip(&t.file.routes) {
+    for (r, fr) in t.routes.iter().zip(&file.routes) {
         let m = &fr.matcher;
         let path = m
             .path
@@ -191,12 +195,12 @@ fn summary(path: &std::path::Path, t: &Table) -> String {
     s
 }
 
-fn init_logging(format: Option<LogFormat>) -> sluice::logging::Buffered {
+fn init_logging(format: Option<LogFormat>) -> sluice::telemetry::logging::Buffered {
     let terminal = std::io::stderr().is_terminal();
     let json = match format {
         Some(LogFormat::Json) => true,
         Some(LogFormat::Human) => false,
         None => !terminal,
     };
-    sluice::logging::init(json, terminal && !json)
+    sluice::telemetry::logging::init(json, terminal && !json)
 }

@@ -20,14 +20,14 @@ use crate::headers::request_id::{self, X_REQUEST_ID};
 use crate::headers::{forwarded, hop_by_hop, ratelimit};
 use crate::identify::Identity;
 use crate::limit::{self, Admission};
-use crate::metrics::{status_class, Metrics, RouteMetrics, NO_ROUTE, UPSTREAM_FAILED};
-use crate::outcome::Outcome;
+use crate::model::outcome::Outcome;
+use crate::model::route::{self, Route};
+use crate::model::table::Table;
 use crate::respond::GatewayError;
-use crate::route::{self, Route};
 use crate::runtime::Live;
 use crate::store::backend::Backend;
 use crate::store::memory::MemoryStore;
-use crate::table::Table;
+use crate::telemetry::metrics::{status_class, Metrics, RouteMetrics, NO_ROUTE, UPSTREAM_FAILED};
 
 /// Everything a request needs, shared by all connections.
 pub struct Gateway {
@@ -108,7 +108,7 @@ impl Record<'_> {
 fn request_path<'a>(
     parts: &http::request::Parts,
     uri: &'a http::Uri,
-    rules: &crate::path::PathRules,
+    rules: &crate::model::path::PathRules,
 ) -> Result<std::borrow::Cow<'a, str>, GatewayError> {
     if parts.method == http::Method::CONNECT {
         return Err(GatewayError::MethodNotAllowed(http::Method::CONNECT));
@@ -118,10 +118,10 @@ fn request_path<'a>(
             "only the `chunked` transfer coding is accepted".into(),
         ));
     }
-    crate::path::normalize(uri.path(), rules).map_err(|e| match e {
+    crate::model::path::normalize(uri.path(), rules).map_err(|e| match e {
         // `OPTIONS *` and the like: nothing this gateway routes, and nothing after it on the
         // connection is worth reading.
-        crate::path::PathError::NotAbsolute => GatewayError::Unframeable(e.to_string()),
+        crate::model::path::PathError::NotAbsolute => GatewayError::Unframeable(e.to_string()),
         e => GatewayError::BadRequest(e.to_string()),
     })
 }

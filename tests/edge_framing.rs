@@ -675,7 +675,7 @@ fn panicking_server(
         .unwrap();
     let addr = listener.local_addr().unwrap();
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    rt.spawn(sluice::server::serve(
+    rt.spawn(sluice::runtime::server::serve(
         listener,
         |req: http::Request<hyper::body::Incoming>, _peer| {
             // Panics while creating the handler's future …

@@ -26,8 +26,9 @@ use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
 use sha2::Sha256;
 
 use sluice::algo::{Algorithm, Code, Decision, Params, MAX_EXACT};
-use sluice::identify::{bearer_token, ClientIpRules, Identity, IdentitySources, JwtSource};
-use sluice::path::{normalize, EscapedSlashes, PathError, PathRules};
+use sluice::identify::{bearer_token, Identity};
+use sluice::model::identity::{ClientIpRules, IdentitySources, JwtSource};
+use sluice::model::path::{normalize, EscapedSlashes, PathError, PathRules};
 use sluice::respond::GatewayError;
 use sluice::store::backend::Backend;
 use sluice::store::memory::{Clock, MemoryStore};
@@ -189,11 +190,11 @@ fn config_check(name: &str, text: &str) -> Result<bool, TestCaseError> {
                 prop_assert_eq!(again.as_ref(), Some(&errors));
             }
         }
-        Ok(table) => {
-            prop_assert_eq!(table.routes.len(), table.file.routes.len());
+        Ok(sluice::config::Loaded { table, file }) => {
+            prop_assert_eq!(table.routes.len(), file.routes.len());
             prop_assert_eq!(&table.version, &sluice::config::version_of(text));
             prop_assert_eq!(table.version.len(), 12);
-            for (r, fr) in table.routes.iter().zip(&table.file.routes) {
+            for (r, fr) in table.routes.iter().zip(&file.routes) {
                 prop_assert!(!r.name.is_empty());
                 prop_assert_eq!(r.limits.len(), fr.limits.len());
                 for (l, fl) in r.limits.iter().zip(&fr.limits) {
@@ -232,10 +233,10 @@ fn yaml_lines(text: &str) -> usize {
     n
 }
 
-fn max_cost(c: &sluice::limit::Cost) -> u64 {
+fn max_cost(c: &sluice::model::limit::Cost) -> u64 {
     match c {
-        sluice::limit::Cost::Static(n) => *n,
-        sluice::limit::Cost::Header { max, .. } => *max,
+        sluice::model::limit::Cost::Static(n) => *n,
+        sluice::model::limit::Cost::Header { max, .. } => *max,
     }
 }
 
@@ -2113,7 +2114,7 @@ fn fuzz_api_key() {
 // Target: the cost header (through the limit stage: `limit::plan`, then one decision).
 
 struct CostRig {
-    table: sluice::table::Table,
+    table: sluice::model::table::Table,
     n: u64,
     default: u64,
     max: u64,
@@ -2123,7 +2124,7 @@ fn cost_rig(n: u64, max: u64, default: u64) -> CostRig {
     let yaml = format!(
         "upstreams: {{u: {{targets: [http://127.0.0.1:1]}}}}\nroutes:\n  - name: r\n    match: {{path_prefix: /}}\n    upstream: u\n    limits:\n      - name: l\n        by: route\n        algorithm: fixed_window\n        rate: {n}/1m\n        cost: {{header: X-Cost, default: {default}, max: {max}}}\n"
     );
-    let table = sluice::config::load_str("cost.yaml", &yaml).unwrap();
+    let table = sluice::config::load_str("cost.yaml", &yaml).unwrap().table;
     CostRig {
         table,
         n,
@@ -2541,7 +2542,7 @@ fn found_bugs_stay_fixed() {
     let f = "rate-above-script-limit.yaml";
     match sluice::config::load_str(f, &read(f)) {
         Ok(t) => {
-            for l in t.routes.iter().flat_map(|r| &r.limits) {
+            for l in t.table.routes.iter().flat_map(|r| &r.limits) {
                 if let Err(e) = lua_accepts_limit_strict(&l.params, max_cost(&l.cost)) {
                     bugs.push(format!("{f}: {e}"));
                 }
@@ -2553,7 +2554,7 @@ fn found_bugs_stay_fixed() {
     // A window past u64::MAX µs wrapped.
     let f = "rate-window-wraps.yaml";
     if let Ok(t) = sluice::config::load_str(f, &read(f)) {
-        let p = t.routes[0].limits[0].params;
+        let p = t.table.routes[0].limits[0].params;
         bugs.push(format!(
             "{f}: `{}` accepted, decided with a window of {} µs",
             t.file.routes[0].limits[0].rate, p.window_us

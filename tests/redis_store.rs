@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::algo::{Algorithm, Code, Decision, Params};
-use sluice::config::file::RedisMode;
+use sluice::model::policy::RedisMode;
+use sluice::model::table::RedisSettings;
 use sluice::store::redis::RedisStore;
 use sluice::store::{LimitCall, StoreError};
-use sluice::table::RedisSettings;
 use support::redis::{info_field, Conn, RedisCluster, RedisServer};
 
 const S: u64 = 1_000_000;

@@ -272,7 +272,16 @@ async fn soak_50_reloads_under_load() {
         sent.load(Ordering::Relaxed) > 500,
         "too little traffic to mean anything"
     );
-    assert_eq!(s.reloads("error").await, 0.0);
+    assert_eq!(
+        s.reloads("error").await,
+        0.0,
+        "{}",
+        s.log()
+            .lines()
+            .filter(|l| l.contains("rejected"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
     let (fds1, rss1) = (s.open_fds(), s.rss_kib());
     assert!(fds1 <= fds0 + 16, "open fds grew from {fds0} to {fds1}");
     assert!(

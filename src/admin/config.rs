@@ -5,13 +5,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde_json::{json, Value};
 
 use crate::config::compile::redact_url;
-use crate::table::Table;
+use crate::config::file::File;
+use crate::model::table::Table;
 
 /// `{"version", "loaded_at", "loaded_at_unix", "config"}`. `config` is the file as loaded,
 /// with every default filled in and `workers` resolved; settings that only a restart can
 /// change show the running values, not a newer file's.
-pub fn document(table: &Table) -> Result<Value, serde_json::Error> {
-    let mut config = serde_json::to_value(&table.file)?;
+pub fn document(table: &Table, file: &File) -> Result<Value, serde_json::Error> {
+    let mut config = serde_json::to_value(file)?;
     redact(&mut config, None);
     if let Some(w) = config.get_mut("workers") {
         *w = json!(table.workers);

@@ -10,12 +10,14 @@
 use serde_json::json;
 
 use super::{json_reply, no_content, problem, Body};
-use crate::config::file::OnMissing;
 use crate::headers::ratelimit::retry_after_secs;
-use crate::identify::{percent_decode, ClientIpRules};
-use crate::limit::{store_key, KeyPart, LimitRule};
+use crate::identify::percent_decode;
+use crate::limit::store_key;
+use crate::model::identity::ClientIpRules;
+use crate::model::limit::{KeyPart, LimitRule};
+use crate::model::policy::OnMissing;
+use crate::model::table::Table;
 use crate::proxy::Gateway;
-use crate::table::Table;
 use http::{Response, StatusCode};
 
 pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
@@ -213,7 +215,9 @@ routes:
 ";
 
     fn table() -> Table {
-        load_str("t.yaml", CONFIG).unwrap_or_else(|e| panic!("{e}"))
+        load_str("t.yaml", CONFIG)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .table
     }
 
     fn rule<'t>(t: &'t Table, name: &str) -> &'t LimitRule {

@@ -22,7 +22,7 @@ use crate::body::{empty, full, Body};
 use crate::config::compile::ADMIN_TOKEN_ENV;
 use crate::headers::request_id::{self, X_REQUEST_ID};
 use crate::proxy::Gateway;
-use crate::reload::{reload, Trigger};
+use crate::runtime::reload::{reload, Trigger};
 
 /// How long `/readyz` waits for the store before calling it unready.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -92,7 +92,7 @@ async fn admin(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
             Method::GET | Method::HEAD => {
                 let live = gw.live.load_full();
                 let table = &live.table;
-                match config::document(table) {
+                match config::document(table, &live.file) {
                     Ok(doc) => json_reply(StatusCode::OK, &doc),
                     Err(e) => problem(
                         StatusCode::INTERNAL_SERVER_ERROR,

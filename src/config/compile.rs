@@ -9,16 +9,17 @@ use http::{HeaderName, HeaderValue, Method};
 use ipnet::IpNet;
 use regex::Regex;
 
-use super::file::{self, File, RedisMode, StoreKind};
+use super::file::{self, File};
 use super::position::Positions;
 use super::{units, ConfigError, ConfigErrors};
 use crate::algo::{Algorithm, Params, ParamsError};
 use crate::headers::ratelimit::policy_value;
-use crate::identify::{ClientIpRules, IdentitySources, JwtSource};
-use crate::limit::{Cost, KeyPart, LimitRule};
-use crate::path::{EscapedSlashes, PathRules};
-use crate::route::{HostMatch, Matcher, PathMatch, Route};
-use crate::table::{RedisSettings, StoreSettings, Table, UpstreamSpec};
+use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
+use crate::model::limit::{Cost, KeyPart, LimitRule};
+use crate::model::path::PathRules;
+use crate::model::policy::{RedisMode, StoreKind};
+use crate::model::route::{HostMatch, Matcher, PathMatch, Route};
+use crate::model::table::{RedisSettings, StoreSettings, Table, UpstreamSpec};
 
 /// Environment variable holding the admin bearer token.
 pub const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
@@ -83,7 +84,7 @@ fn valid_name(s: &str) -> bool {
 
 pub fn compile(
     name: &str,
-    file: File,
+    file: &File,
     pos: &Positions,
     version: String,
 ) -> Result<Table, ConfigErrors> {
@@ -126,10 +127,7 @@ pub fn compile(
     let identities = identity_sources(&mut c, &file.identities);
     let paths = PathRules {
         merge_slashes: file.paths.merge_slashes,
-        escaped_slashes: match file.paths.escaped_slashes {
-            file::EscapedSlashes::Reject => EscapedSlashes::Reject,
-            file::EscapedSlashes::Keep => EscapedSlashes::Keep,
-        },
+        escaped_slashes: file.paths.escaped_slashes,
     };
 
     let mut upstreams = Vec::with_capacity(file.upstreams.len());
@@ -232,7 +230,6 @@ pub fn compile(
         headers: file.responses.headers,
         paths,
         upstreams,
-        file,
         listen,
         admin_listen,
         workers,
@@ -462,7 +459,7 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
         }
         // Requests are matched on their normalized path: a pattern that is not normal would
         // never match anything.
-        match crate::path::normalize(p, paths) {
+        match crate::model::path::normalize(p, paths) {
             Ok(n) if n == p => {}
             Ok(n) => c.err(
                 &format!("{base}.{key}"),

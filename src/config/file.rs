@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::path::EscapedSlashes;
+use crate::model::policy::{HeadersMode, OnError, OnMissing, RedisMode, StoreKind};
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct File {
@@ -47,23 +50,6 @@ fn d_header_timeout() -> String {
     "10s".into()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StoreKind {
-    #[default]
-    Memory,
-    Redis,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnError {
-    #[default]
-    Allow,
-    Deny,
-    Local,
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Store {
@@ -95,15 +81,6 @@ impl Default for Memory {
 
 fn d_max_keys() -> usize {
     1_000_000
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RedisMode {
-    #[default]
-    Standalone,
-    Cluster,
-    Sentinel,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -247,16 +224,6 @@ fn d_sub() -> String {
     "sub".into()
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HeadersMode {
-    #[default]
-    Draft,
-    Legacy,
-    Both,
-    None,
-}
-
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Responses {
@@ -285,14 +252,6 @@ impl Default for Paths {
 
 fn d_true() -> bool {
     true
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EscapedSlashes {
-    #[default]
-    Reject,
-    Keep,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -342,15 +301,6 @@ pub struct Match {
     pub host: Option<String>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OnMissing {
-    #[default]
-    Ip,
-    Skip,
-    Reject,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

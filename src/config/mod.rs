@@ -1,5 +1,5 @@
 //! Configuration: read the YAML file, validate it completely, and compile it into the
-//! immutable runtime [`Table`](crate::table::Table). Every error carries `FILE:LINE:COL`.
+//! immutable runtime [`Table`](crate::model::table::Table). Every error carries `FILE:LINE:COL`.
 
 pub mod aliases;
 pub mod compile;
@@ -12,7 +12,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::table::Table;
+use crate::model::table::Table;
 
 /// One problem in a config file, printed as `FILE:LINE:COL: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub fn version_of(text: &str) -> String {
 }
 
 /// Read, parse, validate and compile `path` (named in errors exactly as given).
-pub fn load(path: &Path) -> Result<Table, ConfigErrors> {
+pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
@@ -83,7 +83,7 @@ pub fn load(path: &Path) -> Result<Table, ConfigErrors> {
 }
 
 /// Parse, validate and compile config text; `name` is used in error positions.
-pub fn load_str(name: &str, text: &str) -> Result<Table, ConfigErrors> {
+pub fn load_str(name: &str, text: &str) -> Result<Loaded, ConfigErrors> {
     compile_file(name, text, parse(name, text)?)
 }
 
@@ -115,7 +115,15 @@ pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
 }
 
 /// Validate and compile a parsed file; `text` is its source, for positions and the version.
-pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Table, ConfigErrors> {
+pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, ConfigErrors> {
     let positions = position::Positions::index(text);
-    compile::compile(name, file, &positions, version_of(text))
+    let table = compile::compile(name, &file, &positions, version_of(text))?;
+    Ok(Loaded { table, file })
+}
+
+/// A loaded config: the compiled table the gateway serves, and the file it came from (what
+/// `/admin/config` shows and what a reload compares restart-only settings against).
+pub struct Loaded {
+    pub table: Table,
+    pub file: file::File,
 }

@@ -5,7 +5,7 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
 use crate::algo::{Decision, Params};
-use crate::config::file::HeadersMode;
+use crate::model::policy::HeadersMode;
 
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");

@@ -32,8 +32,8 @@ use futures_util::future::try_join_all;
 use super::breaker::Breaker;
 use super::{scripts, LimitCall, Peek, StoreError};
 use crate::algo::Decision;
-use crate::config::file::RedisMode;
-use crate::table::RedisSettings;
+use crate::model::policy::RedisMode;
+use crate::model::table::RedisSettings;
 
 pub struct RedisStore {
     pool: Pool,
@@ -363,7 +363,7 @@ impl RedisStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::file::RedisMode;
+    use crate::model::policy::RedisMode;
 
     fn settings(mode: RedisMode, url: Option<&str>, nodes: &[&str]) -> RedisSettings {
         RedisSettings {

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
+use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
 use crate::proxy::Gateway;
 use crate::runtime::Live;
-use crate::table::Table;
 
 /// How long a file that does not parse is given to finish being written (see [`reload`]).
 const SETTLE: Duration = Duration::from_millis(150);
@@ -72,7 +72,7 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
         let mut file = config::parse(&name, &text)?;
         // The store is built once at start: compile against the running store settings so
         // keys keep the running `key_prefix` (a changed store section waits for a restart).
-        let running = &gw.live.load().table.file.store;
+        let running = &gw.live.load().file.store;
         if file.store != *running {
             tracing::warn!("store settings changed but need a restart; the running store is kept");
             file.store = running.clone();
@@ -96,7 +96,11 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
 }
 
 /// Swap in a compiled table, keeping what only a restart can change.
-fn apply(gw: &Gateway, mut new: Table) -> String {
+fn apply(gw: &Gateway, loaded: Loaded) -> String {
+    let Loaded {
+        table: mut new,
+        file: mut new_file,
+    } = loaded;
     let old_live = gw.live.load_full();
     let old = &old_live.table;
     let mut restart = Vec::new();
@@ -106,7 +110,7 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
                 restart.push(stringify!($field));
                 new.$field = old.$field.clone();
                 // `/admin/config` shows what runs, not what waits for a restart.
-                new.file.$field = old.file.$field.clone();
+                new_file.$field = old_live.file.$field.clone();
             }
         )*};
     }
@@ -137,8 +141,14 @@ fn apply(gw: &Gateway, mut new: Table) -> String {
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
     let version = new.version.clone();
-    gw.live
-        .store(Arc::new(Live::new(new, Some(&old_live), &gw.metrics)));
+    gw.live.store(Arc::new(Live::new(
+        Loaded {
+            table: new,
+            file: new_file,
+        },
+        Some(&old_live),
+        &gw.metrics,
+    )));
     gw.metrics.forget(&gone_routes, &gone_limits);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version

@@ -6,12 +6,16 @@
 
 use std::sync::Arc;
 
+use crate::config::file::File;
+use crate::config::Loaded;
 use crate::forward::Upstream;
-use crate::metrics::{Metrics, RouteMetrics};
-use crate::table::Table;
+use crate::model::table::Table;
+use crate::telemetry::metrics::{Metrics, RouteMetrics};
 
 pub struct Live {
     pub table: Table,
+    /// The file `table` was compiled from (for `/admin/config` and reload comparisons).
+    pub file: File,
     /// By index of [`Table::upstreams`].
     pub upstreams: Vec<Arc<Upstream>>,
     /// By index of [`Table::routes`].
@@ -23,7 +27,8 @@ pub struct Live {
 impl Live {
     /// Resolve `table`'s runtime resources, taking over `previous`'s upstream clients where
     /// the settings are equal.
-    pub fn new(table: Table, previous: Option<&Live>, metrics: &Metrics) -> Live {
+    pub fn new(loaded: Loaded, previous: Option<&Live>, metrics: &Metrics) -> Live {
+        let Loaded { table, file } = loaded;
         let upstreams = table
             .upstreams
             .iter()
@@ -40,6 +45,7 @@ impl Live {
             routes,
             no_route: metrics.no_route(),
             table,
+            file,
         }
     }
 }

@@ -18,7 +18,8 @@
 use std::borrow::Cow;
 
 /// What to do with `%2F` and `%5C` (an encoded `/` or `\`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum EscapedSlashes {
     /// 400: the upstream may decode them into separators the route never saw.
     #[default]

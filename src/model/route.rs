@@ -6,13 +6,13 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use regex::Regex;
 
-use crate::config::file::OnError;
-use crate::limit::LimitRule;
+use crate::model::limit::LimitRule;
+use crate::model::policy::OnError;
 
 pub struct Route {
     pub name: Arc<str>,
     pub matcher: Matcher,
-    /// Index into [`crate::table::Table::upstreams`].
+    /// Index into [`crate::model::table::Table::upstreams`].
     pub upstream: usize,
     pub strip_prefix: bool,
     pub on_store_error: OnError,

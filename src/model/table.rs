@@ -8,17 +8,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::config::file;
-use crate::identify::{ClientIpRules, IdentitySources};
-use crate::path::PathRules;
-use crate::route::Route;
+use crate::model::identity::{ClientIpRules, IdentitySources};
+use crate::model::path::PathRules;
+use crate::model::policy::{HeadersMode, OnError, RedisMode, StoreKind};
+use crate::model::route::Route;
 
 pub struct Table {
     /// Hash of the file's content (the `version` of `/admin/config` and `sluice_config_info`).
     pub version: String,
     pub loaded_at: SystemTime,
-    /// The effective configuration, for `/admin/config` (secrets are redacted there).
-    pub file: file::File,
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub workers: usize,
@@ -27,7 +25,7 @@ pub struct Table {
     pub store: StoreSettings,
     pub client_ip: ClientIpRules,
     pub identities: IdentitySources,
-    pub headers: file::HeadersMode,
+    pub headers: HeadersMode,
     pub paths: PathRules,
     /// Upstreams as plain settings; a route names one by index. The runtime keeps the
     /// connection pools (see [`crate::runtime`]), so a reload does not drop them.
@@ -48,8 +46,8 @@ pub struct UpstreamSpec {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreSettings {
-    pub kind: file::StoreKind,
-    pub on_error: file::OnError,
+    pub kind: StoreKind,
+    pub on_error: OnError,
     pub memory_max_keys: usize,
     pub redis: RedisSettings,
 }
@@ -57,7 +55,7 @@ pub struct StoreSettings {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisSettings {
     pub url: Option<String>,
-    pub mode: file::RedisMode,
+    pub mode: RedisMode,
     pub nodes: Vec<String>,
     pub sentinel_service: Option<String>,
     /// Resolved from `password_env` at load time.

@@ -7,8 +7,8 @@ use prometheus::{
 };
 
 use crate::limit::DecisionLabel;
-use crate::outcome::Outcome;
-use crate::route::Route;
+use crate::model::outcome::Outcome;
+use crate::model::route::Route;
 
 pub struct Metrics {
     pub registry: Registry,

@@ -7,18 +7,20 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
-use crate::config::file::StoreKind;
-use crate::metrics::Metrics;
+use super::{reload, server};
+use crate::admin;
+use crate::config::Loaded;
+use crate::model::policy::StoreKind;
 use crate::proxy::Gateway;
 use crate::runtime::Live;
 use crate::store::backend::Backend;
 use crate::store::memory::{Clock, MemoryStore};
 use crate::store::redis::RedisStore;
-use crate::table::Table;
-use crate::{admin, reload, server};
+use crate::telemetry::metrics::Metrics;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
-pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
+pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Gateway> {
+    let table = &loaded.table;
     let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
     let store = match table.store.kind {
         StoreKind::Memory => Backend::Memory(local.clone()),
@@ -35,7 +37,7 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
     };
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
-    let live = Live::new(table, None, &metrics);
+    let live = Live::new(loaded, None, &metrics);
     let last_seen = std::fs::read_to_string(&config_path)
         .map(|t| crate::config::version_of(&t))
         .unwrap_or_default();
@@ -51,11 +53,12 @@ pub async fn gateway(table: Table, config_path: PathBuf) -> Arc<Gateway> {
 }
 
 /// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.
-pub async fn run(table: Table, config_path: PathBuf) -> i32 {
+pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
+    let table = &loaded.table;
     let (listen, admin_listen) = (table.listen, table.admin_listen);
     let (drain, header_timeout) = (table.drain_timeout, table.client_header_timeout);
     let startup_timeout = table.store.redis.startup_timeout;
-    let gw = gateway(table, config_path).await;
+    let gw = gateway(loaded, config_path).await;
     // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
     // accepts must reload or drain, not kill the process by the default action.
     let shutdown = shutdown_signal();

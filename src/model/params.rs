@@ -1,0 +1,155 @@
+//! A limit's algorithm and its validated parameters: what every store decides with.
+
+/// Which algorithm a limit uses. The snake_case names are the config and key spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    FixedWindow,
+    SlidingLog,
+    SlidingWindow,
+    TokenBucket,
+    LeakyBucket,
+    Gcra,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingWindow,
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::Gcra,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::Gcra => "gcra",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == s)
+    }
+
+    /// Bucket algorithms take `burst` (capacity); window algorithms do not.
+    pub fn is_bucket(self) -> bool {
+        matches!(
+            self,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket | Algorithm::Gcra
+        )
+    }
+}
+
+/// Validated, compiled parameters of one limit. Construct through [`Params::new`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Params {
+    pub algorithm: Algorithm,
+    /// N: units admitted per window.
+    pub limit: u64,
+    /// W in microseconds.
+    pub window_us: u64,
+    /// C: capacity for bucket algorithms (`burst`, default N); equals N for window algorithms.
+    pub capacity: u64,
+    /// I = ceil(W / N): microseconds per unit for bucket algorithms (never faster than configured).
+    pub interval_us: u64,
+    /// Time unit of sliding_window's weighting: 1 µs, or 1000 µs when N·W in µs would pass 2^53
+    /// (windows are whole milliseconds, so N·W in ms always fits for N ≤ 10^7, W ≤ 7d).
+    pub unit_us: u64,
+}
+
+/// Largest integer a double (Lua number) holds exactly.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("rate must admit at least 1 per window")]
+    ZeroLimit,
+    #[error("rate must admit at most 10000000 per window")]
+    LimitTooLarge,
+    #[error("window must be at least 1s and at most 7d")]
+    Window,
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    #[error("sliding_log keeps one entry per admitted unit: at most 10000 per window")]
+    SlidingLogTooLarge,
+    #[error("parameters too large to be decided exactly ({0} reaches 2^53)")]
+    Overflow(&'static str),
+}
+
+impl Params {
+    pub const MIN_WINDOW_US: u64 = 1_000_000;
+    pub const MAX_WINDOW_US: u64 = 7 * 86_400 * 1_000_000;
+    pub const MAX_SLIDING_LOG: u64 = 10_000;
+    /// The largest N per window; `lua/decide.lua` refuses anything above it too.
+    pub const MAX_LIMIT: u64 = 10_000_000;
+
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        window_us: u64,
+        burst: Option<u64>,
+    ) -> Result<Params, ParamsError> {
+        if limit == 0 {
+            return Err(ParamsError::ZeroLimit);
+        }
+        if limit > Self::MAX_LIMIT {
+            return Err(ParamsError::LimitTooLarge);
+        }
+        if !(Self::MIN_WINDOW_US..=Self::MAX_WINDOW_US).contains(&window_us) {
+            return Err(ParamsError::Window);
+        }
+        if algorithm == Algorithm::SlidingLog && limit > Self::MAX_SLIDING_LOG {
+            return Err(ParamsError::SlidingLogTooLarge);
+        }
+        let capacity = if algorithm.is_bucket() {
+            burst.unwrap_or(limit)
+        } else {
+            limit
+        };
+        if capacity == 0 {
+            return Err(ParamsError::ZeroBurst);
+        }
+        let interval_us = window_us.div_ceil(limit);
+        let unit_us = if algorithm == Algorithm::SlidingWindow
+            && limit.checked_mul(window_us).is_none_or(|v| v >= MAX_EXACT)
+        {
+            1000
+        } else {
+            1
+        };
+        let p = Params {
+            algorithm,
+            limit,
+            window_us,
+            capacity,
+            interval_us,
+            unit_us,
+        };
+        p.check_exact()?;
+        Ok(p)
+    }
+
+    /// Reject parameters whose products the arithmetic (and a Lua double) cannot hold exactly.
+    fn check_exact(&self) -> Result<(), ParamsError> {
+        let lt = |a: u64, b: u64, what| match a.checked_mul(b) {
+            Some(v) if v < MAX_EXACT => Ok(()),
+            _ => Err(ParamsError::Overflow(what)),
+        };
+        match self.algorithm {
+            // prev·(W−e) ≤ (N−cur−c)·W: both sides are at most N·W in `unit_us` units.
+            Algorithm::SlidingWindow => lt(self.limit, self.window_us / self.unit_us, "N·window"),
+            Algorithm::FixedWindow | Algorithm::SlidingLog => Ok(()),
+            _ => lt(self.capacity, self.interval_us, "burst·interval"),
+        }
+    }
+
+    /// Largest cost that can ever be admitted.
+    pub fn max_cost(&self) -> u64 {
+        self.capacity
+    }
+}
