@@ -4,9 +4,9 @@
 //! Every limit is 10 000 per second (I = 100 µs) and the clock advances by I per decision, so
 //! each decision is an admission on a key in steady state (sliding_log holds ~10 000 entries).
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use sluice::algo::{self, Algorithm, Params};
-use sluice::store::memory::{Clock, MemoryStore};
-use sluice::store::LimitCall;
+use sluice::limiter::algo::{self, Algorithm, Params};
+use sluice::limiter::store::memory::{Clock, MemoryStore};
+use sluice::limiter::store::LimitCall;
 use std::sync::atomic::Ordering;
 
 const T0: u64 = 1_700_000_000_000_000;

@@ -4,18 +4,18 @@
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use sha2::{Digest, Sha256};
 
-use crate::algo::{Code, Decision};
 use crate::headers::ratelimit::retry_after_secs;
 use crate::identify::Identity;
+use crate::limiter::algo::{Code, Decision};
+use crate::limiter::key;
+use crate::limiter::store::memory::MemoryStore;
+use crate::limiter::store::Store;
+use crate::limiter::store::{LimitCall, StoreError};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
 use crate::model::policy::{OnError, OnMissing};
 use crate::model::route::Route;
 use crate::respond::GatewayError;
-use crate::store::backend::Backend;
-use crate::store::memory::MemoryStore;
-use crate::store::{LimitCall, StoreError};
 
 /// The per-limit label of `sluice_limit_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -61,14 +61,14 @@ pub struct Admission {
     pub store_time: Option<(&'static str, Duration)>,
 }
 
-/// The hashed identity of a request for one limit (never an identity in clear in a key).
-/// `None`: the limit does not apply (`on_missing: skip`).
+/// The identity material of a request for one limit (hashed into its key by
+/// [`key::store_key`]). `None`: the limit does not apply (`on_missing: skip`).
 pub fn identity_material(
     rule: &LimitRule,
     who: &Identity<'_>,
 ) -> Result<Option<String>, GatewayError> {
-    let mut material = String::new();
-    for (i, part) in rule.by.iter().enumerate() {
+    let mut values = Vec::with_capacity(rule.by.len());
+    for part in &rule.by {
         let v = match part {
             KeyPart::Ip => Some(who.ip_key.clone()),
             KeyPart::ApiKey => who.api_key().map(str::to_owned),
@@ -77,40 +77,19 @@ pub fn identity_material(
             KeyPart::Route => Some(String::new()),
         };
         match v {
-            Some(v) => {
-                if i > 0 {
-                    material.push('\0');
-                }
-                material.push_str(&v);
-            }
+            Some(v) => values.push(v),
             None => {
                 return match rule.on_missing {
                     OnMissing::Skip => Ok(None),
                     OnMissing::Reject => Err(GatewayError::MissingIdentity {
                         limit: rule.name.clone(),
                     }),
-                    // A distinct namespace: an API key equal to an IP string is another client.
-                    OnMissing::Ip => Ok(Some(format!("\u{1}ip\0{}", who.ip_key))),
+                    OnMissing::Ip => Ok(Some(key::ip_fallback(&who.ip_key))),
                 };
             }
         }
     }
-    Ok(Some(material))
-}
-
-/// `key_base{hash}`: 128 bits of SHA-256 of the identity material, hex.
-pub fn store_key(rule: &LimitRule, material: &str) -> String {
-    let digest = Sha256::digest(material.as_bytes());
-    let mut key = String::with_capacity(rule.key_base.len() + 34);
-    key.push_str(&rule.key_base);
-    key.push('{');
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in &digest[..16] {
-        key.push(HEX[usize::from(b >> 4)] as char);
-        key.push(HEX[usize::from(b & 15)] as char);
-    }
-    key.push('}');
-    key
+    Ok(Some(key::material(values.iter().map(String::as_str))))
 }
 
 fn cost(rule: &LimitRule, headers: &HeaderMap) -> Result<u64, GatewayError> {
@@ -149,7 +128,7 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
         };
         let cost = cost(rule, headers)?;
         calls.push(LimitCall {
-            key: store_key(rule, &material),
+            key: key::store_key(&rule.key_base, &material),
             params: rule.params,
             cost,
             shadow: rule.shadow,
@@ -160,7 +139,7 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
 }
 
 /// Decide the planned limits in one store call and apply the route's store-error policy.
-pub async fn decide(route: &Route, plan: Plan, store: &Backend, local: &MemoryStore) -> Admission {
+pub async fn decide(route: &Route, plan: Plan, store: &Store, local: &MemoryStore) -> Admission {
     let mut adm = Admission::default();
     let Plan { calls, which } = plan;
     if calls.is_empty() {
@@ -236,32 +215,4 @@ pub async fn decide(route: &Route, plan: Plan, store: &Backend, local: &MemorySt
         adm.headline = tightest;
     }
     adm
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::algo::{Algorithm, Params};
-    use http::HeaderValue;
-
-    #[test]
-    fn store_key_is_the_base_and_128_bits_of_sha256_in_hex_braces() {
-        let rule = LimitRule {
-            name: "all".into(),
-            by: vec![KeyPart::Route],
-            params: Params::new(Algorithm::Gcra, 5, 1_000_000, None).unwrap(),
-            cost: Cost::Static(1),
-            shadow: false,
-            on_missing: OnMissing::Ip,
-            key_base: "sluice:r:all:gcra:".into(),
-            policy: HeaderValue::from_static("x"),
-        };
-        // SHA-256("") = e3b0c442 98fc1c14 9afbf4c8 996fb924 27ae41e4 ...
-        assert_eq!(
-            store_key(&rule, ""),
-            "sluice:r:all:gcra:{e3b0c44298fc1c149afbf4c8996fb924}"
-        );
-        // SHA-256("abc") = ba7816bf 8f01cfea 414140de 5dae2223 b00361a3 ...
-        assert!(store_key(&rule, "abc").ends_with(":{ba7816bf8f01cfea414140de5dae2223}"));
-    }
 }

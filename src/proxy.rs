@@ -20,20 +20,20 @@ use crate::headers::request_id::{self, X_REQUEST_ID};
 use crate::headers::{forwarded, hop_by_hop, ratelimit};
 use crate::identify::Identity;
 use crate::limit::{self, Admission};
+use crate::limiter::store::memory::MemoryStore;
+use crate::limiter::store::Store;
 use crate::model::outcome::Outcome;
 use crate::model::route::{self, Route};
 use crate::model::table::Table;
 use crate::respond::GatewayError;
 use crate::runtime::Live;
-use crate::store::backend::Backend;
-use crate::store::memory::MemoryStore;
 use crate::telemetry::metrics::{status_class, Metrics, RouteMetrics, NO_ROUTE, UPSTREAM_FAILED};
 
 /// Everything a request needs, shared by all connections.
 pub struct Gateway {
     /// The loaded table and what was resolved for it; swapped whole by a reload.
     pub live: ArcSwap<Live>,
-    pub store: Backend,
+    pub store: Store,
     /// The embedded store used by `on_error: local` (and as the store itself for `memory`).
     pub local: Arc<MemoryStore>,
     pub metrics: Metrics,

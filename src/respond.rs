@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 use crate::body::{full, Body};
 use crate::forward::ForwardError;
 use crate::headers::request_id::X_REQUEST_ID;
-use crate::store::StoreError;
+use crate::limiter::store::StoreError;
 
 /// Why the gateway answered instead of the upstream.
 #[derive(Debug, thiserror::Error)]

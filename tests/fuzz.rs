@@ -25,15 +25,15 @@ use proptest::sample::select;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
 use sha2::Sha256;
 
-use sluice::algo::{Algorithm, Code, Decision, Params, MAX_EXACT};
 use sluice::identify::{bearer_token, Identity};
+use sluice::limiter::algo::{Algorithm, Code, Decision, Params, MAX_EXACT};
+use sluice::limiter::store::memory::{Clock, MemoryStore};
+use sluice::limiter::store::scripts::{argv, decisions, ARGS_PER_KEY};
+use sluice::limiter::store::LimitCall;
+use sluice::limiter::store::Store;
 use sluice::model::identity::{ClientIpRules, IdentitySources, JwtSource};
 use sluice::model::path::{normalize, EscapedSlashes, PathError, PathRules};
 use sluice::respond::GatewayError;
-use sluice::store::backend::Backend;
-use sluice::store::memory::{Clock, MemoryStore};
-use sluice::store::scripts::{argv, decisions, ARGS_PER_KEY};
-use sluice::store::LimitCall;
 
 // ---------------------------------------------------------------------------------------------
 // Harness: corpus, case counts, seeds.
@@ -2159,7 +2159,7 @@ fn charged(
     let adm = rt.block_on(sluice::limit::decide(
         route,
         plan,
-        &Backend::Memory(store),
+        &Store::Memory(store),
         &local,
     ));
     let (_, d) = adm.headline.expect("one limit decided");

@@ -37,6 +37,7 @@ async fn a_stalled_stderr_reader_never_stalls_requests() {
         .unwrap();
     // Held, never read, until the end.
     let stderr = child.stderr.take().unwrap();
+    let child = KillOnDrop(child);
     let url = format!("http://127.0.0.1:{port}/x");
     assert!(
         support::eventually(Duration::from_secs(10), || async {
@@ -59,10 +60,26 @@ async fn a_stalled_stderr_reader_never_stalls_requests() {
         all
     });
     std::thread::sleep(Duration::from_millis(500));
-    terminate(child.id());
+    terminate(child.0.id());
     let _ = child.wait();
     let log = reader.join().unwrap();
     assert!(log.contains("sluice serving"), "{log}");
+}
+
+/// The gateway process, killed if the test fails before stopping it.
+struct KillOnDrop(std::process::Child);
+
+impl KillOnDrop {
+    fn wait(mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.0.wait()
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// SIGTERM, so the gateway drains and flushes its log before exiting.

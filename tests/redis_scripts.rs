@@ -9,9 +9,9 @@
 //! real-clock tests at the end.
 mod support;
 
-use sluice::algo::{self, Algorithm, Code, Decision, Params, State};
-use sluice::store::memory::{Clock, MemoryStore};
-use sluice::store::{scripts, LimitCall};
+use sluice::limiter::algo::{self, Algorithm, Code, Decision, Params, State};
+use sluice::limiter::store::memory::{Clock, MemoryStore};
+use sluice::limiter::store::{scripts, LimitCall};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::redis::{Conn, RedisCluster, RedisServer, Resp};

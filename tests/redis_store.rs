@@ -6,11 +6,11 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice::algo::{Algorithm, Code, Decision, Params};
+use sluice::limiter::algo::{Algorithm, Code, Decision, Params};
+use sluice::limiter::store::redis::RedisStore;
+use sluice::limiter::store::{LimitCall, StoreError};
 use sluice::model::policy::RedisMode;
 use sluice::model::table::RedisSettings;
-use sluice::store::redis::RedisStore;
-use sluice::store::{LimitCall, StoreError};
 use support::redis::{info_field, Conn, RedisCluster, RedisServer};
 
 const S: u64 = 1_000_000;

@@ -12,7 +12,7 @@ use serde_json::json;
 use super::{json_reply, no_content, problem, Body};
 use crate::headers::ratelimit::retry_after_secs;
 use crate::identify::percent_decode;
-use crate::limit::store_key;
+use crate::limiter::key;
 use crate::model::identity::ClientIpRules;
 use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::policy::OnMissing;
@@ -97,7 +97,7 @@ fn target<'t>(
         (key, None) => material(rule, key.as_deref(), &table.client_ip),
     }
     .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
-    Ok((rule, store_key(rule, &material)))
+    Ok((rule, key::store_key(&rule.key_base, &material)))
 }
 
 /// The decoded value of `name` in a query string.
@@ -136,7 +136,7 @@ fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<
             rule.by.len()
         ));
     }
-    let mut material = String::new();
+    let mut values = Vec::with_capacity(raw.len());
     for (i, (part, value)) in rule.by.iter().zip(raw).enumerate() {
         let value = match part {
             KeyPart::Ip => ip_key(value, ips)?,
@@ -146,12 +146,9 @@ fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<
         if value.is_empty() {
             return Err(format!("the {} part of `key` is empty", names[i]));
         }
-        if i > 0 {
-            material.push('\0');
-        }
-        material.push_str(&value);
+        values.push(value);
     }
-    Ok(material)
+    Ok(key::material(values.iter().map(String::as_str)))
 }
 
 /// The material of the `on_missing: ip` fallback (see `limit::identity_material`).
@@ -162,7 +159,7 @@ fn fallback_material(rule: &LimitRule, ip: &str, ips: &ClientIpRules) -> Result<
             rule.name
         ));
     }
-    Ok(format!("\u{1}ip\0{}", ip_key(ip, ips)?))
+    Ok(key::ip_fallback(&ip_key(ip, ips)?))
 }
 
 /// `by: ip` identity of an address: IPv4 as is, IPv6 grouped by the configured prefix.

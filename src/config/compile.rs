@@ -12,8 +12,8 @@ use regex::Regex;
 use super::file::{self, File};
 use super::position::Positions;
 use super::{units, ConfigError, ConfigErrors};
-use crate::algo::{Algorithm, Params, ParamsError};
 use crate::headers::ratelimit::policy_value;
+use crate::limiter::algo::{Algorithm, Params, ParamsError};
 use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
 use crate::model::path::PathRules;
@@ -313,7 +313,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
     };
     // What the client itself would refuse (fred parses the URL), reported here with a position.
     if s.kind == StoreKind::Redis {
-        if let Err(e) = crate::store::redis::validate(&redis) {
+        if let Err(e) = crate::limiter::store::redis::validate(&redis) {
             match &r.url {
                 Some(url) => c.err(
                     "store.redis.url",

@@ -4,7 +4,7 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::algo::{Decision, Params};
+use crate::limiter::algo::{Decision, Params};
 use crate::model::policy::HeadersMode;
 
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -66,7 +66,7 @@ pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::{Algorithm, Code};
+    use crate::limiter::algo::{Algorithm, Code};
 
     fn d(remaining: u64, reset_us: u64) -> Decision {
         Decision {

@@ -10,12 +10,12 @@ use tokio::net::TcpListener;
 use super::{reload, server};
 use crate::admin;
 use crate::config::Loaded;
+use crate::limiter::store::memory::{Clock, MemoryStore};
+use crate::limiter::store::redis::RedisStore;
+use crate::limiter::store::Store;
 use crate::model::policy::StoreKind;
 use crate::proxy::Gateway;
 use crate::runtime::Live;
-use crate::store::backend::Backend;
-use crate::store::memory::{Clock, MemoryStore};
-use crate::store::redis::RedisStore;
 use crate::telemetry::metrics::Metrics;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
@@ -23,15 +23,15 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Gateway> {
     let table = &loaded.table;
     let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
     let store = match table.store.kind {
-        StoreKind::Memory => Backend::Memory(local.clone()),
+        StoreKind::Memory => Store::Memory(local.clone()),
         StoreKind::Redis => match RedisStore::connect(&table.store.redis) {
-            Ok(r) => Backend::Redis(Arc::new(r)),
+            Ok(r) => Store::Redis(Arc::new(r)),
             Err(e) => {
                 // Config loading already ran these settings through fred (store::redis::validate),
                 // so this is not expected; if it happens, say so loudly and keep serving on the
                 // embedded store rather than not at all.
                 tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
-                Backend::Memory(local.clone())
+                Store::Memory(local.clone())
             }
         },
     };

@@ -68,9 +68,9 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testkit::{params, step};
-    use crate::algo::Algorithm::SlidingLog;
-    use crate::algo::State as Any;
+    use crate::limiter::algo::testkit::{params, step};
+    use crate::limiter::algo::Algorithm::SlidingLog;
+    use crate::limiter::algo::State as Any;
     use proptest::prelude::*;
 
     const S: u64 = 1_000_000;

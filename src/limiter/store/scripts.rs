@@ -7,14 +7,14 @@
 macro_rules! sluice_lua_body {
     () => {
         concat!(
-            include_str!("../../lua/lib.lua"),
-            include_str!("../../lua/fixed_window.lua"),
-            include_str!("../../lua/sliding_log.lua"),
-            include_str!("../../lua/sliding_window.lua"),
-            include_str!("../../lua/token_bucket.lua"),
-            include_str!("../../lua/leaky_bucket.lua"),
-            include_str!("../../lua/gcra.lua"),
-            include_str!("../../lua/decide.lua"),
+            include_str!("../../../lua/lib.lua"),
+            include_str!("../../../lua/fixed_window.lua"),
+            include_str!("../../../lua/sliding_log.lua"),
+            include_str!("../../../lua/sliding_window.lua"),
+            include_str!("../../../lua/token_bucket.lua"),
+            include_str!("../../../lua/leaky_bucket.lua"),
+            include_str!("../../../lua/gcra.lua"),
+            include_str!("../../../lua/decide.lua"),
         )
     };
 }
@@ -28,7 +28,7 @@ pub const BODY: &str = sluice_lua_body!();
 pub const SCRIPT: &str = concat!(
     "#!lua\n",
     sluice_lua_body!(),
-    include_str!("../../lua/main.lua")
+    include_str!("../../../lua/main.lua")
 );
 
 /// SHA-1 of [`SCRIPT`], hex: what EVALSHA names.
@@ -63,8 +63,11 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
 }
 
 /// Decode a reply of 5 integers per key into decisions.
-pub fn decisions(reply: &[i64], keys: usize) -> Result<Vec<crate::algo::Decision>, String> {
-    use crate::algo::{Code, Decision};
+pub fn decisions(
+    reply: &[i64],
+    keys: usize,
+) -> Result<Vec<crate::limiter::algo::Decision>, String> {
+    use crate::limiter::algo::{Code, Decision};
     if keys.checked_mul(5) != Some(reply.len()) {
         return Err(format!(
             "script answered {} integers for {keys} keys",
@@ -94,7 +97,7 @@ mod tests {
     #[test]
     fn script_starts_with_the_shebang_and_has_every_algorithm() {
         assert!(SCRIPT.starts_with("#!lua\n"));
-        for a in crate::algo::Algorithm::ALL {
+        for a in crate::limiter::algo::Algorithm::ALL {
             assert!(
                 BODY.contains(&format!("ALGO.{} = function", a.name())),
                 "{a:?}"
@@ -106,7 +109,7 @@ mod tests {
     #[test]
     fn replies_decode_and_reject_garbage() {
         let d = decisions(&[1, 5, 0, 1_000_000, 2_000_000], 1).unwrap();
-        assert_eq!(d[0].code, crate::algo::Code::Limited);
+        assert_eq!(d[0].code, crate::limiter::algo::Code::Limited);
         assert_eq!(d[0].retry_after_us, 1_000_000);
         assert!(decisions(&[0, 5, 1, 0], 1).is_err());
         assert!(decisions(&[7, 5, 1, 0, 0], 1).is_err());

@@ -31,7 +31,7 @@ use futures_util::future::try_join_all;
 
 use super::breaker::Breaker;
 use super::{scripts, LimitCall, Peek, StoreError};
-use crate::algo::Decision;
+use crate::limiter::algo::Decision;
 use crate::model::policy::RedisMode;
 use crate::model::table::RedisSettings;
 
@@ -316,7 +316,11 @@ impl RedisStore {
     }
 
     /// The key's state as a cost-0 and a cost-1 request see it, without writing.
-    pub async fn peek(&self, key: &str, params: &crate::algo::Params) -> Result<Peek, StoreError> {
+    pub async fn peek(
+        &self,
+        key: &str,
+        params: &crate::limiter::algo::Params,
+    ) -> Result<Peek, StoreError> {
         let call = |cost| LimitCall {
             key: key.to_owned(),
             params: *params,

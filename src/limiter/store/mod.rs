@@ -4,13 +4,17 @@
 //! one call, all-or-nothing: if any enforced (non-shadow) limit refuses, nothing is consumed;
 //! otherwise every limit that admitted is charged (a shadow limit that refused is not).
 
-pub mod backend;
 pub mod breaker;
 pub mod memory;
 pub mod redis;
 pub mod scripts;
 
-use crate::algo::{Decision, Params};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::limiter::algo::{Decision, Params};
+use memory::MemoryStore;
+use redis::RedisStore;
 
 /// One limit of one request, as the store sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +66,65 @@ impl StoreError {
             StoreError::Connection(_) => "connection",
             StoreError::Script(_) => "script",
             StoreError::BreakerOpen => "breaker_open",
+        }
+    }
+}
+
+/// The configured store behind one handle, so the limit stage and the admin API need not
+/// care which it is.
+pub enum Store {
+    Memory(Arc<MemoryStore>),
+    Redis(Arc<RedisStore>),
+}
+
+impl Store {
+    /// The `store` label of `sluice_store_duration_seconds`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Store::Memory(_) => "memory",
+            Store::Redis(_) => "redis",
+        }
+    }
+
+    /// Decide all limits of one request atomically (see [`super`]).
+    pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.decide(calls)),
+            Store::Redis(r) => r.decide(calls).await,
+        }
+    }
+
+    pub async fn peek(&self, key: &str, params: &Params) -> Result<Peek, StoreError> {
+        match self {
+            Store::Memory(m) => Ok(m.peek(key, params)),
+            Store::Redis(r) => r.peek(key, params).await,
+        }
+    }
+
+    pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(m) => {
+                m.reset(key);
+                Ok(())
+            }
+            Store::Redis(r) => r.reset(key).await,
+        }
+    }
+
+    /// Does the store answer right now? (`/readyz`; never waits past the store timeout.)
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(r) => r.ping().await,
+        }
+    }
+
+    /// Give a freshly created store up to `within` to connect, then ping it (startup and
+    /// `sluice check --connect`).
+    pub async fn wait_ready(&self, within: Duration) -> Result<(), StoreError> {
+        match self {
+            Store::Memory(_) => Ok(()),
+            Store::Redis(r) => r.wait_connected(within).await,
         }
     }
 }

@@ -5,7 +5,7 @@
 //! are decided all-or-nothing under the locks of every shard they touch, taken in ascending
 //! shard order (no deadlock between requests naming the same keys in another order).
 use super::{LimitCall, Peek};
-use crate::algo::{self, gcra, Decision, Params, State};
+use crate::limiter::algo::{self, gcra, Decision, Params, State};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -272,8 +272,8 @@ fn make_room(shard: &mut Shard, cap: usize, now: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::{Algorithm, Code};
-    use crate::store::request_allowed;
+    use crate::limiter::algo::{Algorithm, Code};
+    use crate::limiter::store::request_allowed;
     use proptest::prelude::*;
     use std::sync::atomic::AtomicUsize;
 

@@ -88,9 +88,9 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testkit::{params, peek, step};
-    use crate::algo::Algorithm::SlidingWindow;
-    use crate::algo::State as Any;
+    use crate::limiter::algo::testkit::{params, peek, step};
+    use crate::limiter::algo::Algorithm::SlidingWindow;
+    use crate::limiter::algo::State as Any;
     use proptest::prelude::*;
     use std::collections::HashMap;
 

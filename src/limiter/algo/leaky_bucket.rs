@@ -53,9 +53,9 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algo::testkit::{params, step};
-    use crate::algo::Algorithm::LeakyBucket;
-    use crate::algo::State as Any;
+    use crate::limiter::algo::testkit::{params, step};
+    use crate::limiter::algo::Algorithm::LeakyBucket;
+    use crate::limiter::algo::State as Any;
 
     const S: u64 = 1_000_000;
 
