@@ -6,15 +6,9 @@
 //! [`config`] into an immutable [`table::Table`] that [`reload`] swaps atomically.
 
 pub mod admin;
-pub mod body;
 pub mod config;
-pub mod forward;
-pub mod headers;
-pub mod identify;
-pub mod limit;
 pub mod limiter;
 pub mod model;
-pub mod proxy;
-pub mod respond;
+pub mod pipeline;
 pub mod runtime;
 pub mod telemetry;

@@ -687,7 +687,10 @@ fn panicking_server(
                 if req.uri().path() == "/panic" {
                     panic!("async handler panic (on purpose)");
                 }
-                Response::new(sluice::body::full(format!("ok {}", req.uri().path())))
+                Response::new(sluice::pipeline::body::full(format!(
+                    "ok {}",
+                    req.uri().path()
+                )))
             }
         },
         Duration::from_secs(5),

@@ -25,7 +25,6 @@ use proptest::sample::select;
 use proptest::test_runner::{RngSeed, TestCaseError, TestRunner};
 use sha2::Sha256;
 
-use sluice::identify::{bearer_token, Identity};
 use sluice::limiter::algo::{Algorithm, Code, Decision, Params, MAX_EXACT};
 use sluice::limiter::store::memory::{Clock, MemoryStore};
 use sluice::limiter::store::scripts::{argv, decisions, ARGS_PER_KEY};
@@ -33,7 +32,8 @@ use sluice::limiter::store::LimitCall;
 use sluice::limiter::store::Store;
 use sluice::model::identity::{ClientIpRules, IdentitySources, JwtSource};
 use sluice::model::path::{normalize, EscapedSlashes, PathError, PathRules};
-use sluice::respond::GatewayError;
+use sluice::pipeline::identify::{bearer_token, Identity};
+use sluice::pipeline::respond::GatewayError;
 
 // ---------------------------------------------------------------------------------------------
 // Harness: corpus, case counts, seeds.
@@ -2152,16 +2152,20 @@ fn charged(
         &t.client_ip,
         &t.identities,
     );
-    let plan = sluice::limit::plan(route, &who, &headers)?;
+    let plan = sluice::pipeline::admit::plan(route, &who, &headers)?;
     let (clock, _) = Clock::manual(1 << 40);
     let store = Arc::new(MemoryStore::new(64, clock.clone()));
     let local = MemoryStore::new(64, clock);
-    let adm = rt.block_on(sluice::limit::decide(
+    let (adm, verdict) = rt.block_on(sluice::pipeline::admit::decide(
         route,
         plan,
         &Store::Memory(store),
         &local,
     ));
+    assert!(
+        matches!(verdict, sluice::pipeline::admit::Verdict::Pass(_)),
+        "{verdict:?}"
+    );
     let (_, d) = adm.headline.expect("one limit decided");
     assert_eq!(d.code, Code::Allowed);
     assert_eq!(d.limit, rig.n);

@@ -10,14 +10,14 @@
 use serde_json::json;
 
 use super::{json_reply, no_content, problem, Body};
-use crate::headers::ratelimit::retry_after_secs;
-use crate::identify::percent_decode;
 use crate::limiter::key;
 use crate::model::identity::ClientIpRules;
 use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::policy::OnMissing;
 use crate::model::table::Table;
-use crate::proxy::Gateway;
+use crate::pipeline::headers::ratelimit::retry_after_secs;
+use crate::pipeline::identify::percent_decode;
+use crate::pipeline::Gateway;
 use http::{Response, StatusCode};
 
 pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
@@ -190,8 +190,8 @@ fn part_name(p: &KeyPart) -> String {
 mod tests {
     use super::*;
     use crate::config::load_str;
-    use crate::identify::Identity;
-    use crate::limit::identity_material;
+    use crate::pipeline::admit::identity_material;
+    use crate::pipeline::identify::Identity;
     use http::{HeaderMap, HeaderValue};
 
     const CONFIG: &str = "

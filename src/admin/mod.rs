@@ -18,23 +18,24 @@ use hyper::body::Incoming;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::body::{empty, full, Body};
 use crate::config::compile::ADMIN_TOKEN_ENV;
-use crate::headers::request_id::{self, X_REQUEST_ID};
-use crate::proxy::Gateway;
+use crate::pipeline::body::{empty, full, Body};
+use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
+use crate::pipeline::Gateway;
 use crate::runtime::reload::{reload, Trigger};
+use crate::runtime::Runtime;
 
 /// How long `/readyz` waits for the store before calling it unready.
 const READY_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub async fn handle(gw: Arc<Gateway>, req: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
+pub async fn handle(gw: Arc<Runtime>, req: Request<Incoming>, _peer: SocketAddr) -> Response<Body> {
     let rid = request_id::get_or_make(req.headers());
     let mut res = route(gw, req).await;
     res.headers_mut().insert(X_REQUEST_ID, rid);
     res
 }
 
-async fn route(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+async fn route(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     if path == "/admin" || path.starts_with("/admin/") {
         if !authorized(&gw, req.headers()) {
@@ -83,7 +84,7 @@ async fn readyz(gw: &Gateway) -> Response<Body> {
     )
 }
 
-async fn admin(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
+async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
     let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(2).collect();
     let method = req.method().clone();
@@ -119,17 +120,16 @@ async fn admin(gw: Arc<Gateway>, req: Request<Incoming>) -> Response<Body> {
 }
 
 /// `POST /admin/reload`: 200 `{"version"}`, or 400 with every error (the old config stays).
-async fn reload_now(gw: Arc<Gateway>) -> Response<Body> {
+async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
     match tokio::task::spawn_blocking(move || reload(&gw, Trigger::Admin)).await {
         Ok(Ok(version)) => json_reply(StatusCode::OK, &json!({ "version": version })),
         Ok(Err(errors)) => {
             let errors: Vec<String> = errors.0.iter().map(ToString::to_string).collect();
-            let mut doc = problem_doc(
+            problem_with_errors(
                 StatusCode::BAD_REQUEST,
                 "the new config was rejected; the old one keeps serving",
-            );
-            doc["errors"] = json!(errors);
-            problem_reply(StatusCode::BAD_REQUEST, &doc)
+                Some(errors),
+            )
         }
         Err(e) => problem(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -196,24 +196,7 @@ fn no_content() -> Response<Body> {
     res
 }
 
-/// An RFC 9457 document, as the gateway's own answers use.
-fn problem_doc(status: StatusCode, detail: &str) -> serde_json::Value {
-    json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    })
-}
-
-fn problem_reply(status: StatusCode, doc: &serde_json::Value) -> Response<Body> {
-    let body = serde_json::to_vec(doc).expect("json");
-    reply(status, "application/problem+json", body)
-}
-
-fn problem(status: StatusCode, detail: &str) -> Response<Body> {
-    problem_reply(status, &problem_doc(status, detail))
-}
+use crate::pipeline::respond::{problem, problem_with_errors};
 
 fn method_not_allowed(allow: &'static str) -> Response<Body> {
     let mut res = problem(

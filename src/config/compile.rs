@@ -12,7 +12,6 @@ use regex::Regex;
 use super::file::{self, File};
 use super::position::Positions;
 use super::{units, ConfigError, ConfigErrors};
-use crate::headers::ratelimit::policy_value;
 use crate::limiter::algo::{Algorithm, Params, ParamsError};
 use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
@@ -20,6 +19,7 @@ use crate::model::path::PathRules;
 use crate::model::policy::{RedisMode, StoreKind};
 use crate::model::route::{HostMatch, Matcher, PathMatch, Route};
 use crate::model::table::{RedisSettings, StoreSettings, Table, UpstreamSpec};
+use crate::pipeline::headers::ratelimit::policy_value;
 
 /// Environment variable holding the admin bearer token.
 pub const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";

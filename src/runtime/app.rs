@@ -7,6 +7,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 
+use super::Runtime;
 use super::{reload, server};
 use crate::admin;
 use crate::config::Loaded;
@@ -14,12 +15,12 @@ use crate::limiter::store::memory::{Clock, MemoryStore};
 use crate::limiter::store::redis::RedisStore;
 use crate::limiter::store::Store;
 use crate::model::policy::StoreKind;
-use crate::proxy::Gateway;
-use crate::runtime::Live;
+use crate::pipeline::live::Live;
+use crate::pipeline::Gateway;
 use crate::telemetry::metrics::Metrics;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
-pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Gateway> {
+pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let table = &loaded.table;
     let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
     let store = match table.store.kind {
@@ -38,18 +39,13 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Gateway> {
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
     let live = Live::new(loaded, None, &metrics);
-    let last_seen = std::fs::read_to_string(&config_path)
-        .map(|t| crate::config::version_of(&t))
-        .unwrap_or_default();
-    Arc::new(Gateway {
+    let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store,
         local,
         metrics,
-        config_path,
-        reload_lock: Default::default(),
-        last_seen: parking_lot::Mutex::new(last_seen),
-    })
+    };
+    Arc::new(Runtime::new(gateway, config_path))
 }
 
 /// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.

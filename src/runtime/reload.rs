@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 
+use super::Runtime;
 use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
-use crate::proxy::Gateway;
-use crate::runtime::Live;
+use crate::pipeline::live::Live;
 
 /// How long a file that does not parse is given to finish being written (see [`reload`]).
 const SETTLE: Duration = Duration::from_millis(150);
@@ -26,7 +26,7 @@ pub enum Trigger {
 }
 
 /// Reload from `gw.config_path`. Returns the new version, or every error (old config kept).
-pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
+pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
     let _serial = gw.reload_lock.lock();
     let name = gw.config_path.display().to_string();
     let read = || {
@@ -96,7 +96,7 @@ pub fn reload(gw: &Gateway, trigger: Trigger) -> Result<String, ConfigErrors> {
 }
 
 /// Swap in a compiled table, keeping what only a restart can change.
-fn apply(gw: &Gateway, loaded: Loaded) -> String {
+fn apply(gw: &Runtime, loaded: Loaded) -> String {
     let Loaded {
         table: mut new,
         file: mut new_file,
@@ -155,7 +155,7 @@ fn apply(gw: &Gateway, loaded: Loaded) -> String {
 }
 
 /// Watch the config file's directory and SIGHUP; reload on either until the process ends.
-pub fn spawn_watchers(gw: Arc<Gateway>) -> notify::Result<notify::RecommendedWatcher> {
+pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<notify::RecommendedWatcher> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if ev.is_ok_and(|e| !e.kind.is_access()) {

@@ -21,8 +21,8 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-use crate::body::{full, Body};
-use crate::headers::request_id::{self, X_REQUEST_ID};
+use crate::pipeline::body::{full, Body};
+use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
 
 /// The largest request head (request line and header fields) the gateway reads: a longer
 /// one is answered `431 Request Header Fields Too Large` and the connection closed.

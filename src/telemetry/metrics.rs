@@ -6,9 +6,9 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
-use crate::limit::DecisionLabel;
 use crate::model::outcome::Outcome;
 use crate::model::route::Route;
+use crate::pipeline::admit::DecisionLabel;
 
 pub struct Metrics {
     pub registry: Registry,

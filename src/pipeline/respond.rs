@@ -7,10 +7,12 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
-use crate::body::{full, Body};
-use crate::forward::ForwardError;
-use crate::headers::request_id::X_REQUEST_ID;
 use crate::limiter::store::StoreError;
+use crate::model::outcome::Outcome;
+use crate::pipeline::body::{full, Body};
+use crate::pipeline::headers::ratelimit;
+use crate::pipeline::headers::request_id::X_REQUEST_ID;
+use crate::pipeline::upstream::ForwardError;
 
 /// Why the gateway answered instead of the upstream.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +67,24 @@ impl GatewayError {
         }
     }
 
+    /// The outcome a request answered with this error counts as.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            GatewayError::NoRoute => Outcome::NoRoute,
+            GatewayError::MissingIdentity { .. } | GatewayError::BadCost { .. } => {
+                Outcome::RejectedIdentity
+            }
+            GatewayError::Limited { .. } => Outcome::Limited,
+            GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
+            GatewayError::Upstream(ForwardError::ClientBody(_))
+            | GatewayError::BadRequest(_)
+            | GatewayError::Unframeable(_)
+            | GatewayError::HeadTooLarge
+            | GatewayError::MethodNotAllowed(_) => Outcome::RejectedRequest,
+            GatewayError::Upstream(_) => Outcome::UpstreamError,
+        }
+    }
+
     /// The problem+json document (RFC 9457 §3.1). Rate limiting uses the IANA
     /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
     pub fn problem(&self) -> Problem<'_> {
@@ -90,27 +110,64 @@ impl GatewayError {
             route,
             limit,
             retry_after,
+            errors: None,
         }
     }
 
+    /// The gateway's answer: problem+json with the request id; a 429 carries `Retry-After`
+    /// (whatever `responses.headers` says); an unframeable request closes the connection.
     pub fn into_response(self, request_id: &HeaderValue) -> Response<Body> {
-        let body = serde_json::to_vec(&self.problem()).expect("json");
-        let mut res = Response::new(full(Bytes::from(body)));
-        *res.status_mut() = self.status();
+        let mut res = render(self.status(), &self.problem());
         let h = res.headers_mut();
-        h.insert(
-            CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
         h.insert(X_REQUEST_ID, request_id.clone());
-        if matches!(
-            self,
-            GatewayError::Unframeable(_) | GatewayError::Upstream(ForwardError::ClientBody(_))
-        ) {
-            h.insert(CONNECTION, HeaderValue::from_static("close"));
+        match &self {
+            GatewayError::Limited { retry_after, .. } => {
+                ratelimit::set_retry_after(h, *retry_after);
+            }
+            GatewayError::Unframeable(_) | GatewayError::Upstream(ForwardError::ClientBody(_)) => {
+                h.insert(CONNECTION, HeaderValue::from_static("close"));
+            }
+            _ => {}
         }
         res
     }
+}
+
+/// An `about:blank` problem (RFC 9457 §4.2.1) with this status and detail: the admin API's
+/// errors use it too, so every answer the gateway makes itself has one shape.
+pub fn problem(status: StatusCode, detail: &str) -> Response<Body> {
+    problem_with_errors(status, detail, None)
+}
+
+/// [`problem`], listing `errors` (a rejected reload's config errors).
+pub fn problem_with_errors(
+    status: StatusCode,
+    detail: &str,
+    errors: Option<Vec<String>>,
+) -> Response<Body> {
+    let doc = Problem {
+        kind: "about:blank",
+        title: status.canonical_reason().unwrap_or("Error"),
+        status: status.as_u16(),
+        detail: detail.to_owned(),
+        route: None,
+        limit: None,
+        retry_after: None,
+        errors,
+    };
+    render(status, &doc)
+}
+
+/// The one renderer of problem documents.
+fn render(status: StatusCode, doc: &Problem<'_>) -> Response<Body> {
+    let body = serde_json::to_vec(doc).expect("json");
+    let mut res = Response::new(full(Bytes::from(body)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    res
 }
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -129,6 +186,9 @@ pub struct Problem<'a> {
     pub limit: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
+    /// Every config error of a rejected reload (`POST /admin/reload`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub errors: Option<Vec<String>>,
 }
 
 #[cfg(test)]

@@ -5,17 +5,18 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-use crate::headers::ratelimit::retry_after_secs;
-use crate::identify::Identity;
 use crate::limiter::algo::{Code, Decision};
 use crate::limiter::key;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
 use crate::limiter::store::{LimitCall, StoreError};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
+use crate::model::outcome::Outcome;
 use crate::model::policy::{OnError, OnMissing};
 use crate::model::route::Route;
-use crate::respond::GatewayError;
+use crate::pipeline::headers::ratelimit::retry_after_secs;
+use crate::pipeline::identify::Identity;
+use crate::pipeline::respond::GatewayError;
 
 /// The per-limit label of `sluice_limit_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,21 +45,33 @@ impl DecisionLabel {
     }
 }
 
-/// What the limit stage concluded.
-#[derive(Default)]
+/// Whether the request passes the limit stage.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Forward it; the outcome it counts as if the upstream answers (`forwarded`,
+    /// `shadow_limited` or `store_error_allowed`, by precedence).
+    Pass(Outcome),
+    /// Answer it here (401, 400, 429, 503).
+    Refuse(GatewayError),
+}
+
+/// What the limit stage decided, kept for the respond and log phases.
+#[derive(Debug, Default)]
 pub struct Admission {
-    /// Set when the request must be answered by the gateway (401, 400, 429, 503).
-    pub reject: Option<GatewayError>,
     /// For each limit that was decided: its index in the route and its label.
     pub decisions: Vec<(usize, DecisionLabel)>,
     /// The limit to advertise in RateLimit headers, with its decision.
     pub headline: Option<(usize, Decision)>,
-    pub shadow_limited: bool,
-    /// The store failed and the policy let the request through (allow or local).
-    pub store_error_allowed: bool,
-    pub store_error: Option<StoreError>,
-    /// Which store answered and how long it took.
-    pub store_time: Option<(&'static str, Duration)>,
+    /// The store call, if one was made.
+    pub store: Option<StoreCall>,
+}
+
+/// One store round trip: which store, how long, and how it failed.
+#[derive(Debug)]
+pub struct StoreCall {
+    pub label: &'static str,
+    pub took: Duration,
+    pub error: Option<StoreError>,
 }
 
 /// The identity material of a request for one limit (hashed into its key by
@@ -139,33 +152,46 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
 }
 
 /// Decide the planned limits in one store call and apply the route's store-error policy.
-pub async fn decide(route: &Route, plan: Plan, store: &Store, local: &MemoryStore) -> Admission {
+pub async fn decide(
+    route: &Route,
+    plan: Plan,
+    store: &Store,
+    local: &MemoryStore,
+) -> (Admission, Verdict) {
     let mut adm = Admission::default();
     let Plan { calls, which } = plan;
     if calls.is_empty() {
-        return adm;
+        return (adm, Verdict::Pass(Outcome::Forwarded));
     }
 
     let started = Instant::now();
     let result = store.decide(&calls).await;
-    adm.store_time = Some((store.label(), started.elapsed()));
+    let mut call = StoreCall {
+        label: store.label(),
+        took: started.elapsed(),
+        error: None,
+    };
+    let mut passes_as = Outcome::Forwarded;
     let decisions = match result {
-        Ok(d) => d,
+        Ok(d) => {
+            adm.store = Some(call);
+            d
+        }
         Err(e) => {
-            adm.store_error = Some(e.clone());
+            call.error = Some(e.clone());
+            adm.store = Some(call);
+            let errors = || which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
             match route.on_store_error {
                 OnError::Allow => {
-                    adm.store_error_allowed = true;
-                    adm.decisions = which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
-                    return adm;
+                    adm.decisions = errors();
+                    return (adm, Verdict::Pass(Outcome::StoreErrorAllowed));
                 }
                 OnError::Deny => {
-                    adm.decisions = which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
-                    adm.reject = Some(GatewayError::StoreUnavailable(e));
-                    return adm;
+                    adm.decisions = errors();
+                    return (adm, Verdict::Refuse(GatewayError::StoreUnavailable(e)));
                 }
                 OnError::Local => {
-                    adm.store_error_allowed = true;
+                    passes_as = Outcome::StoreErrorAllowed;
                     local.decide(&calls)
                 }
             }
@@ -187,7 +213,8 @@ pub async fn decide(route: &Route, plan: Plan, store: &Store, local: &MemoryStor
         adm.decisions.push((i, label));
         if rule.shadow {
             if label == DecisionLabel::ShadowLimited {
-                adm.shadow_limited = true;
+                // shadow_limited outranks store_error_allowed.
+                passes_as = Outcome::ShadowLimited;
                 tracing::info!(route = %route.name, limit = %rule.name, "shadow limit would have refused this request");
             }
             continue;
@@ -205,14 +232,14 @@ pub async fn decide(route: &Route, plan: Plan, store: &Store, local: &MemoryStor
         }
     }
     if let Some((i, d)) = refused {
-        adm.reject = Some(GatewayError::Limited {
+        adm.headline = Some((i, d));
+        let limited = GatewayError::Limited {
             route: route.name.clone(),
             limit: route.limits[i].name.clone(),
             retry_after: retry_after_secs(d.retry_after_us),
-        });
-        adm.headline = Some((i, d));
-    } else {
-        adm.headline = tightest;
+        };
+        return (adm, Verdict::Refuse(limited));
     }
-    adm
+    adm.headline = tightest;
+    (adm, Verdict::Pass(passes_as))
 }

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use crate::config::file::File;
 use crate::config::Loaded;
-use crate::forward::Upstream;
 use crate::model::table::Table;
+use crate::pipeline::upstream::Upstream;
 use crate::telemetry::metrics::{Metrics, RouteMetrics};
 
 pub struct Live {

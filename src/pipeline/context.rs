@@ -1,0 +1,73 @@
+//! One request's context, carried through every phase (in the manner of Pingora's per-request
+//! `CTX`): what was read from the request once, what each phase decided, and what the log
+//! phase needs at the end.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{HeaderValue, HOST};
+use http::request::Parts;
+use http::Uri;
+
+use super::admit::Admission;
+use super::headers::request_id;
+use super::live::Live;
+use crate::model::outcome::Outcome;
+
+pub struct Ctx {
+    /// The table this request runs on, start to end, whatever reloads happen meanwhile.
+    pub live: Arc<Live>,
+    pub started: Instant,
+    pub peer: SocketAddr,
+    pub rid: HeaderValue,
+    /// The request head, without its target (read once into `uri`).
+    pub parts: Parts,
+    pub uri: Uri,
+    /// RFC 9112 §3.2.2: an absolute-form target's authority is the host, whatever `Host`
+    /// says (h2's `:authority` arrives the same way); the upstream gets that same host.
+    pub host: Option<HeaderValue>,
+    /// The normalized path, when it differs from the target's.
+    pub normalized: Option<String>,
+    /// Index of the matched route in the table.
+    pub route: Option<usize>,
+    pub admission: Admission,
+    /// The outcome so far (set by the phase that answers or forwards).
+    pub outcome: Outcome,
+    /// The upstream target that answered.
+    pub upstream: Option<String>,
+    /// Seconds to the upstream's response head, and its `STATUS_CLASSES` index.
+    pub upstream_time: Option<(f64, usize)>,
+}
+
+impl Ctx {
+    pub fn new(live: Arc<Live>, mut parts: Parts, peer: SocketAddr) -> Ctx {
+        let uri = std::mem::take(&mut parts.uri);
+        let host = uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| parts.headers.get(HOST).cloned());
+        Ctx {
+            live,
+            started: Instant::now(),
+            peer,
+            rid: request_id::get_or_make(&parts.headers),
+            parts,
+            uri,
+            host,
+            normalized: None,
+            route: None,
+            admission: Admission::default(),
+            outcome: Outcome::Forwarded,
+            upstream: None,
+            upstream_time: None,
+        }
+    }
+
+    /// The path that is matched, limited, logged and forwarded.
+    pub fn path(&self) -> &str {
+        self.normalized
+            .as_deref()
+            .unwrap_or_else(|| self.uri.path())
+    }
+}

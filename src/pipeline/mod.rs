@@ -1,0 +1,338 @@
+//! The request pipeline, one phase per stage, in the manner of Pingora's `ProxyHttp`:
+//!
+//! ```text
+//! request_filter → match_route → admit (identify + limit) → forward → response_filter
+//!       │               │              │                        │
+//!       └───────────────┴──── GatewayError ─────────────────────┴──→ respond::render
+//!                                                                        │
+//!                                             respond (RateLimit fields, X-Request-Id) → log
+//! ```
+//!
+//! Every phase reads and writes one [`Ctx`]; a phase that answers the request itself returns
+//! a [`GatewayError`], which is rendered in one place and names its own [`Outcome`]. A request
+//! takes one snapshot of the live table at its start and keeps it to the end.
+
+pub mod admit;
+pub mod body;
+pub mod context;
+pub mod headers;
+pub mod identify;
+pub mod live;
+pub mod respond;
+pub mod upstream;
+
+use std::borrow::Cow;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwap;
+use http::header::HOST;
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use admit::Verdict;
+use body::Body;
+use context::Ctx;
+use headers::request_id::X_REQUEST_ID;
+use headers::{forwarded, hop_by_hop, ratelimit};
+use identify::Identity;
+use live::Live;
+use respond::GatewayError;
+use upstream::{ForwardError, Outgoing, Upstream};
+
+use crate::limiter::store::memory::MemoryStore;
+use crate::limiter::store::Store;
+use crate::model::outcome::Outcome;
+use crate::model::path::{self, PathError};
+use crate::model::route::{self, Route};
+use crate::telemetry::metrics::{status_class, Metrics, NO_ROUTE, UPSTREAM_FAILED};
+
+/// Everything a request needs, shared by all connections.
+pub struct Gateway {
+    /// The loaded table and what was resolved for it; swapped whole by a reload.
+    pub live: ArcSwap<Live>,
+    pub store: Store,
+    /// The embedded store used by `on_error: local` (and as the store itself for `memory`).
+    pub local: Arc<MemoryStore>,
+    pub metrics: Metrics,
+}
+
+/// Counts one request in `sluice_inflight_requests` until dropped: at the end of the
+/// forward phase, or when hyper drops the request's future because the client went away.
+struct Inflight(prometheus::IntGauge);
+
+impl Inflight {
+    fn enter(gauge: prometheus::IntGauge) -> Inflight {
+        gauge.inc();
+        Inflight(gauge)
+    }
+}
+
+impl Drop for Inflight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Gateway {
+    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let mut ctx = Ctx::new(self.live.load_full(), parts, peer);
+        let res = match self.proxy(&mut ctx, body).await {
+            Ok(res) => res,
+            Err(e) => {
+                ctx.outcome = e.outcome();
+                e.into_response(&ctx.rid)
+            }
+        };
+        let res = self.respond(&ctx, res);
+        self.log(&ctx, res.status());
+        res
+    }
+
+    /// The phases up to the answer; an `Err` is the gateway's own answer.
+    async fn proxy(&self, ctx: &mut Ctx, body: Incoming) -> Result<Response<Body>, GatewayError> {
+        self.request_filter(ctx)?;
+        let index = self.match_route(ctx)?;
+        let live = ctx.live.clone();
+        let _inflight = live.routes[index].inflight.clone().map(Inflight::enter);
+        let route = &live.table.routes[index];
+        ctx.outcome = self.admit(ctx, route).await?;
+        let res = self
+            .forward(ctx, route, &live.upstreams[route.upstream], body)
+            .await?;
+        Ok(self.response_filter(ctx, res))
+    }
+
+    /// Refuse what cannot be routed safely, and normalize the path that is matched, limited
+    /// and forwarded: CONNECT (405), the asterisk form (400), a transfer coding other than
+    /// `chunked` (400, connection closed: the body cannot be framed the way the client meant),
+    /// a path that does not normalize safely (400, see [`crate::model::path`]).
+    fn request_filter(&self, ctx: &mut Ctx) -> Result<(), GatewayError> {
+        if ctx.parts.method == http::Method::CONNECT {
+            return Err(GatewayError::MethodNotAllowed(http::Method::CONNECT));
+        }
+        if !chunked_only(&ctx.parts.headers) {
+            return Err(GatewayError::Unframeable(
+                "only the `chunked` transfer coding is accepted".into(),
+            ));
+        }
+        match path::normalize(ctx.uri.path(), &ctx.live.table.paths) {
+            Ok(Cow::Borrowed(_)) => Ok(()),
+            Ok(Cow::Owned(p)) => {
+                ctx.normalized = Some(p);
+                Ok(())
+            }
+            // `OPTIONS *` and the like: nothing this gateway routes, and nothing after it on
+            // the connection is worth reading.
+            Err(e @ PathError::NotAbsolute) => Err(GatewayError::Unframeable(e.to_string())),
+            Err(e) => Err(GatewayError::BadRequest(e.to_string())),
+        }
+    }
+
+    /// The first route matching the request, in file order.
+    fn match_route(&self, ctx: &mut Ctx) -> Result<usize, GatewayError> {
+        let index = route::find(
+            &ctx.live.table.routes,
+            &ctx.parts.method,
+            ctx.path(),
+            ctx.host.as_ref().and_then(|h| h.to_str().ok()),
+            &ctx.parts.headers,
+        )
+        .ok_or(GatewayError::NoRoute)?;
+        ctx.route = Some(index);
+        Ok(index)
+    }
+
+    /// Identify the client and decide every limit of the route in one store call. `Ok`: the
+    /// outcome the request counts as once forwarded.
+    async fn admit(&self, ctx: &mut Ctx, route: &Route) -> Result<Outcome, GatewayError> {
+        let table = &ctx.live.table;
+        let plan = {
+            let who = Identity::new(
+                ctx.peer.ip(),
+                &ctx.parts.headers,
+                ctx.uri.query(),
+                &table.client_ip,
+                &table.identities,
+            );
+            admit::plan(route, &who, &ctx.parts.headers)?
+        };
+        let (admission, verdict) = admit::decide(route, plan, &self.store, &self.local).await;
+        ctx.admission = admission;
+        match verdict {
+            Verdict::Pass(outcome) => Ok(outcome),
+            Verdict::Refuse(e) => Err(e),
+        }
+    }
+
+    /// Send the request upstream; its answer's head comes back, its body streams on.
+    async fn forward(
+        &self,
+        ctx: &mut Ctx,
+        route: &Route,
+        upstream: &Upstream,
+        body: Incoming,
+    ) -> Result<Response<Body>, GatewayError> {
+        let t = Instant::now();
+        let result = self.send(ctx, route, upstream, body).await;
+        let secs = t.elapsed().as_secs_f64();
+        match result {
+            Ok((res, target)) => {
+                ctx.upstream = Some(target);
+                ctx.upstream_time = Some((secs, status_class(res.status().as_u16())));
+                Ok(res)
+            }
+            Err(e) => {
+                if !matches!(e, ForwardError::ClientBody(_)) {
+                    ctx.upstream_time = Some((secs, UPSTREAM_FAILED));
+                }
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Where the upstream's answer is looked at before it goes back (later: limits charged
+    /// by the answer). Today: a 502 or 504 from the upstream side counts as upstream_error.
+    fn response_filter(&self, ctx: &mut Ctx, res: Response<Body>) -> Response<Body> {
+        if matches!(
+            res.status(),
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
+        ) {
+            ctx.outcome = Outcome::UpstreamError;
+        }
+        res
+    }
+
+    /// Fields every answer carries: the most constraining limit's RateLimit fields (on
+    /// forwarded answers and 429s alike) and the request id.
+    fn respond(&self, ctx: &Ctx, mut res: Response<Body>) -> Response<Body> {
+        if let (Some(index), Some((i, d))) = (ctx.route, ctx.admission.headline) {
+            let route = &ctx.live.table.routes[index];
+            let rule = &route.limits[i];
+            ratelimit::apply(
+                res.headers_mut(),
+                ctx.live.table.headers,
+                &route.name,
+                &rule.name,
+                &rule.policy,
+                &d,
+            );
+        }
+        res.headers_mut().insert(X_REQUEST_ID, ctx.rid.clone());
+        res
+    }
+
+    async fn send(
+        &self,
+        ctx: &mut Ctx,
+        route: &Route,
+        upstream: &Upstream,
+        body: Incoming,
+    ) -> Result<(Response<Body>, String), ForwardError> {
+        let (table, peer, host, rid) = (&ctx.live.table, ctx.peer, ctx.host.as_ref(), &ctx.rid);
+        let parts = &mut ctx.parts;
+        let path = ctx.normalized.as_deref().unwrap_or_else(|| ctx.uri.path());
+        let query = ctx.uri.query();
+        let upgrade = parts.version == Version::HTTP_11 && hop_by_hop::is_upgrade(&parts.headers);
+        let client_upgrade = if upgrade {
+            parts.extensions.remove::<hyper::upgrade::OnUpgrade>()
+        } else {
+            None
+        };
+
+        let mut headers = parts.headers.clone();
+        hop_by_hop::strip(&mut headers, upgrade);
+        forwarded::apply(
+            &mut headers,
+            peer.ip(),
+            table.client_ip.is_trusted(peer.ip().to_canonical()),
+            host,
+        );
+        // The host the route was matched on (an absolute-form authority wins over `Host`).
+        if let Some(h) = host {
+            headers.insert(HOST, h.clone());
+        }
+        headers.insert(X_REQUEST_ID, rid.clone());
+        let path = if route.strip_prefix {
+            route.matcher.strip(path)
+        } else {
+            path.into()
+        };
+        let path_and_query = match query {
+            Some(q) => format!("{path}?{q}"),
+            None => path.into_owned(),
+        };
+        let out = Outgoing {
+            method: parts.method.clone(),
+            path_and_query,
+            headers,
+        };
+        let (mut res, target) = upstream.send(out, body).await?;
+
+        let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+        if let (true, Some(client)) = (switching, client_upgrade) {
+            let upstream = hyper::upgrade::on(&mut res);
+            tokio::spawn(async move {
+                if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
+                    let _ =
+                        tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
+                            .await;
+                }
+            });
+        }
+        hop_by_hop::strip(res.headers_mut(), switching);
+        Ok((res.map(body::stream), target))
+    }
+
+    /// The one place a finished request is logged and counted.
+    fn log(&self, ctx: &Ctx, status: StatusCode) {
+        let m = &self.metrics;
+        let (route, handles) = match ctx.route {
+            Some(i) => (&*ctx.live.table.routes[i].name, &ctx.live.routes[i]),
+            None => (NO_ROUTE, &ctx.live.no_route),
+        };
+        let elapsed = ctx.started.elapsed();
+        handles.request(ctx.outcome, elapsed.as_secs_f64());
+        if let Some((secs, class)) = ctx.upstream_time {
+            handles.upstream(class, secs);
+        }
+        let adm = &ctx.admission;
+        for (i, label) in &adm.decisions {
+            handles.decision(*i, *label);
+        }
+        if let Some(call) = &adm.store {
+            m.store_duration
+                .with_label_values(&[call.label])
+                .observe(call.took.as_secs_f64());
+            if let Some(e) = &call.error {
+                m.store_errors.with_label_values(&[e.kind()]).inc();
+            }
+        }
+        tracing::info!(
+            target: "sluice::access",
+            route,
+            method = %ctx.parts.method,
+            path = ctx.path(),
+            status = status.as_u16(),
+            decision = ctx.outcome.as_str(),
+            upstream = ctx.upstream.as_deref().unwrap_or("-"),
+            duration_us = elapsed.as_micros() as u64,
+            request_id = ctx.rid.to_str().unwrap_or("-"),
+        );
+    }
+}
+
+/// No `Transfer-Encoding`, or exactly one `chunked` (RFC 9112 §6.1). hyper already refuses a
+/// coding list not ending in `chunked`; `gzip, chunked` or `chunked, chunked` it accepts, and
+/// forwarding those would hand the upstream a body coded differently than it is told.
+fn chunked_only(headers: &http::HeaderMap) -> bool {
+    let mut te = headers.get_all(http::header::TRANSFER_ENCODING).iter();
+    match (te.next(), te.next()) {
+        (None, _) => true,
+        (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
+        _ => false,
+    }
+}
