@@ -129,6 +129,8 @@ routes:
     );
     let s = Sluice::start_with(&yaml, &[("TEST_JWT_SECRET", "jwt-sekrit-value")]);
     let c = client();
+    // The test compares /admin/config's load time with the wall clock.
+    #[allow(clippy::disallowed_methods)]
     let before = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()

@@ -60,6 +60,8 @@ fn runner(target: &str, cases: u32) -> Fuzz {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| {
+            // A fresh seed per run (printed, so a failure can be replayed).
+            #[allow(clippy::disallowed_methods)]
             let t = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .unwrap_or_default();

@@ -11,7 +11,7 @@ use crate::model::table::Table;
 /// `{"version", "loaded_at", "loaded_at_unix", "config"}`. `config` is the file as loaded,
 /// with every default filled in and `workers` resolved; settings that only a restart can
 /// change show the running values, not a newer file's.
-pub fn document(table: &Table, file: &File) -> Result<Value, serde_json::Error> {
+pub(crate) fn document(table: &Table, file: &File) -> Result<Value, serde_json::Error> {
     let mut config = serde_json::to_value(file)?;
     redact(&mut config, None);
     if let Some(w) = config.get_mut("workers") {
@@ -30,7 +30,7 @@ pub fn document(table: &Table, file: &File) -> Result<Value, serde_json::Error> 
 }
 
 /// What replaces a secret value.
-pub const REDACTED: &str = "***";
+pub(crate) const REDACTED: &str = "***";
 
 /// Blank out secrets: the value of any field whose name says password, secret, token, key,
 /// cookie or authorization (route `match.headers` included: a route may match on a shared
@@ -74,7 +74,7 @@ fn secret_field(name: &str) -> bool {
 }
 
 /// `2024-05-01T12:34:56Z` (UTC, whole seconds).
-pub fn rfc3339(t: SystemTime) -> String {
+pub(crate) fn rfc3339(t: SystemTime) -> String {
     let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let (days, rem) = (secs / 86_400, secs % 86_400);
     // Civil date from days since 1970-01-01 (H. Hinnant's algorithm).

@@ -20,7 +20,12 @@ use crate::pipeline::identify::percent_decode;
 use crate::pipeline::Gateway;
 use http::{Response, StatusCode};
 
-pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
+pub(crate) async fn peek(
+    gw: &Gateway,
+    route: &str,
+    limit: &str,
+    query: Option<&str>,
+) -> Response<Body> {
     let live = gw.live.load_full();
     let table = &live.table;
     let (rule, key) = match target(table, route, limit, query) {
@@ -51,7 +56,12 @@ pub async fn peek(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -
     }
 }
 
-pub async fn reset(gw: &Gateway, route: &str, limit: &str, query: Option<&str>) -> Response<Body> {
+pub(crate) async fn reset(
+    gw: &Gateway,
+    route: &str,
+    limit: &str,
+    query: Option<&str>,
+) -> Response<Body> {
     let live = gw.live.load_full();
     let table = &live.table;
     let (_, key) = match target(table, route, limit, query) {

@@ -224,9 +224,12 @@ pub fn compile(
     } else {
         file.workers
     };
+    // When the config was loaded, for /admin/config: metadata, not a decision.
+    #[allow(clippy::disallowed_methods)]
+    let loaded_at = SystemTime::now();
     Ok(Table {
         version,
-        loaded_at: SystemTime::now(),
+        loaded_at,
         headers: file.responses.headers,
         paths,
         upstreams,

@@ -1,6 +1,8 @@
 //! Test harness: a real upstream HTTP server, the real `sluice` binary on free loopback
 //! ports, and a small HTTP client. Shared by every integration test file.
 #![allow(dead_code)]
+// Shared by every test crate through `mod support;`: `pub` is how they reach it.
+#![allow(unreachable_pub)]
 
 pub mod raw;
 pub mod redis;

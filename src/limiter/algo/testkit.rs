@@ -3,12 +3,12 @@
 //! nothing, admitted iff cost ≤ remaining, exact retry and reset, TTL leaves a fresh key).
 use super::{decide, Algorithm, Code, Decision, Params, State, Verdict};
 
-pub fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
+pub(crate) fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
     Params::new(a, n, w, burst).expect("valid params")
 }
 
 /// A dry run that must leave the state as it was.
-pub fn peek(p: &Params, st: &Option<State>, now: u64, cost: u64) -> Decision {
+pub(crate) fn peek(p: &Params, st: &Option<State>, now: u64, cost: u64) -> Decision {
     let mut copy = st.clone();
     let v = decide(p, &mut copy, now, cost, false);
     assert_eq!(&copy, st, "dry run changed the state");
@@ -17,7 +17,7 @@ pub fn peek(p: &Params, st: &Option<State>, now: u64, cost: u64) -> Decision {
 }
 
 /// Decide and commit one request, asserting the shared contract around it.
-pub fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> Verdict {
     let before = st.clone();
     let dry = peek(p, st, now, cost);
     let now0 = peek(p, st, now, 0);

@@ -34,6 +34,8 @@ impl Clock {
             Clock::System => {
                 static ANCHOR: OnceLock<(Instant, u64)> = OnceLock::new();
                 let (at, base) = ANCHOR.get_or_init(|| {
+                    // The embedded store's clock is the store clock: it decides here.
+                    #[allow(clippy::disallowed_methods)]
                     let unix = SystemTime::now()
                         .duration_since(UNIX_EPOCH)
                         .unwrap_or_default();

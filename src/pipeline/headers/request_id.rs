@@ -30,11 +30,12 @@ pub fn generate() -> HeaderValue {
     let prefix = *PREFIX.get_or_init(|| {
         use std::hash::{BuildHasher, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_nanos()),
-        );
+        // Only a seed for request ids; no limit reads it.
+        #[allow(clippy::disallowed_methods)]
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        h.write_u128(seed);
         h.write_u32(std::process::id());
         h.finish()
     });
