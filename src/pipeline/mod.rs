@@ -336,3 +336,6 @@ fn chunked_only(headers: &http::HeaderMap) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests;
