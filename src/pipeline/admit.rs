@@ -66,10 +66,9 @@ pub struct Admission {
     pub store: Option<StoreCall>,
 }
 
-/// One store round trip: which store, how long, and how it failed.
+/// One store round trip: how long it took, and how it failed.
 #[derive(Debug)]
 pub struct StoreCall {
-    pub label: &'static str,
     pub took: Duration,
     pub error: Option<StoreError>,
 }
@@ -167,7 +166,6 @@ pub async fn decide(
     let started = Instant::now();
     let result = store.decide(&calls).await;
     let mut call = StoreCall {
-        label: store.label(),
         took: started.elapsed(),
         error: None,
     };

@@ -44,10 +44,11 @@ use upstream::{ForwardError, Outgoing, Upstream};
 
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
+use crate::limiter::store::StoreError;
 use crate::model::outcome::Outcome;
 use crate::model::path::{self, PathError};
 use crate::model::route::{self, Route};
-use crate::telemetry::metrics::{status_class, Metrics, NO_ROUTE, UPSTREAM_FAILED};
+use crate::telemetry::metrics::{status_class, Metrics, StoreMetrics, NO_ROUTE, UPSTREAM_FAILED};
 
 /// Everything a request needs, shared by all connections.
 pub struct Gateway {
@@ -57,6 +58,8 @@ pub struct Gateway {
     /// The embedded store used by `on_error: local` (and as the store itself for `memory`).
     pub local: Arc<MemoryStore>,
     pub metrics: Metrics,
+    /// The store's metric handles (its kind is fixed until a restart).
+    pub store_metrics: StoreMetrics,
 }
 
 /// Counts one request in `sluice_inflight_requests` until dropped: at the end of the
@@ -289,7 +292,6 @@ impl Gateway {
 
     /// The one place a finished request is logged and counted.
     fn log(&self, ctx: &Ctx, status: StatusCode) {
-        let m = &self.metrics;
         let (route, handles) = match ctx.route {
             Some(i) => (&*ctx.live.table.routes[i].name, &ctx.live.routes[i]),
             None => (NO_ROUTE, &ctx.live.no_route),
@@ -304,12 +306,8 @@ impl Gateway {
             handles.decision(*i, *label);
         }
         if let Some(call) = &adm.store {
-            m.store_duration
-                .with_label_values(&[call.label])
-                .observe(call.took.as_secs_f64());
-            if let Some(e) = &call.error {
-                m.store_errors.with_label_values(&[e.kind()]).inc();
-            }
+            let failed = call.error.as_ref().map(StoreError::kind);
+            self.store_metrics.call(call.took.as_secs_f64(), failed);
         }
         tracing::info!(
             target: "sluice::access",

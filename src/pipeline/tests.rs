@@ -273,6 +273,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
         )),
         store: memory(),
         local: Arc::new(self::local()),
+        store_metrics: metrics.store("memory"),
         metrics,
     };
     let live = Arc::new(Live::new(l, None, &gw.metrics));

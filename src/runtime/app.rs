@@ -41,6 +41,7 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let live = Live::new(loaded, None, &metrics);
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
+        store_metrics: metrics.store(store.label()),
         store,
         local,
         metrics,

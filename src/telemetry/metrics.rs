@@ -150,6 +150,15 @@ impl Metrics {
         }
     }
 
+    /// The handles of the configured store (`store` label `memory` or `redis`), resolved
+    /// once at start (the store kind needs a restart to change).
+    pub fn store(&self, label: &str) -> StoreMetrics {
+        StoreMetrics {
+            duration: self.store_duration.with_label_values(&[label]),
+            errors: STORE_ERROR_KINDS.map(|k| self.store_errors.with_label_values(&[k])),
+        }
+    }
+
     /// The handles of route `_none`: requests refused before any route was chosen.
     pub fn no_route(&self) -> RouteMetrics {
         let outcomes = [Outcome::NoRoute, Outcome::RejectedRequest];
@@ -215,6 +224,24 @@ impl Metrics {
 
 /// The route label of requests that matched no route.
 pub const NO_ROUTE: &str = "_none";
+
+/// The store's metric handles.
+pub struct StoreMetrics {
+    duration: Histogram,
+    /// By [`STORE_ERROR_KINDS`] index.
+    errors: [IntCounter; 4],
+}
+
+impl StoreMetrics {
+    /// One store call: how long it took, and how it failed (`kind` as in
+    /// [`STORE_ERROR_KINDS`]).
+    pub fn call(&self, secs: f64, failed: Option<&str>) {
+        self.duration.observe(secs);
+        if let Some(i) = failed.and_then(|k| STORE_ERROR_KINDS.iter().position(|x| *x == k)) {
+            self.errors[i].inc();
+        }
+    }
+}
 
 /// One route's metric handles, resolved when its table is applied and held for as long as
 /// that table serves. A reload that removes the route removes its series; requests still in
