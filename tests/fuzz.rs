@@ -2158,12 +2158,13 @@ fn charged(
     let (clock, _) = Clock::manual(1 << 40);
     let store = Arc::new(MemoryStore::new(64, clock.clone()));
     let local = MemoryStore::new(64, clock);
-    let (adm, verdict) = rt.block_on(sluice::pipeline::admit::decide(
-        route,
-        plan,
-        &Store::Memory(store),
-        &local,
-    ));
+    let store = Store::Memory(store);
+    let stores = sluice::pipeline::admit::Stores {
+        store: &store,
+        local: &local,
+        deny: None,
+    };
+    let (adm, verdict) = rt.block_on(sluice::pipeline::admit::decide(route, plan, stores));
     assert!(
         matches!(verdict, sluice::pipeline::admit::Verdict::Pass(_)),
         "{verdict:?}"

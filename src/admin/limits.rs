@@ -72,6 +72,9 @@ pub(crate) async fn reset(
         Ok(()) => {
             // `on_error: local` may have decided this key in the embedded store meanwhile.
             gw.local.reset(&key);
+            if let Some(deny) = &gw.deny {
+                deny.forget(&key);
+            }
             tracing::info!(route, limit, "limit state reset through the admin API");
             no_content()
         }

@@ -3,5 +3,6 @@
 //! (`store`: embedded memory, or Redis with its scripts and breaker). Depends only on `model`.
 
 pub mod algo;
+pub mod deny;
 pub mod key;
 pub mod store;

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use http::HeaderMap;
 
 use crate::limiter::algo::{Code, Decision};
+use crate::limiter::deny::DenyCache;
 use crate::limiter::key;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
@@ -150,13 +151,16 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
     Ok(Plan { calls, which })
 }
 
+/// The stores a decision may use: the configured one, the embedded one for `on_error: local`,
+/// and the deny cache in front of a remote store.
+pub struct Stores<'a> {
+    pub store: &'a Store,
+    pub local: &'a MemoryStore,
+    pub deny: Option<&'a DenyCache>,
+}
+
 /// Decide the planned limits in one store call and apply the route's store-error policy.
-pub async fn decide(
-    route: &Route,
-    plan: Plan,
-    store: &Store,
-    local: &MemoryStore,
-) -> (Admission, Verdict) {
+pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission, Verdict) {
     let mut adm = Admission::default();
     let Plan { calls, which } = plan;
     if calls.is_empty() {
@@ -164,7 +168,24 @@ pub async fn decide(
     }
 
     let started = Instant::now();
-    let result = store.decide(&calls).await;
+    // Certainly refused, as the store said a moment ago: answer without asking again. Only
+    // the refusing limit counts a decision (the others were not decided).
+    if let Some(deny) = stores.deny {
+        let mut hit: Option<(usize, Decision)> = None;
+        for (k, c) in calls.iter().enumerate().filter(|(_, c)| !c.shadow) {
+            if let Some(d) = deny.check(&c.key, c.cost, started) {
+                if hit.is_none_or(|(_, h)| d.retry_after_us > h.retry_after_us) {
+                    hit = Some((which[k], d));
+                }
+            }
+        }
+        if let Some((i, d)) = hit {
+            adm.decisions = vec![(i, DecisionLabel::Limited)];
+            adm.headline = Some((i, d));
+            return (adm, refuse(route, i, d));
+        }
+    }
+    let result = stores.store.decide(&calls).await;
     let mut call = StoreCall {
         took: started.elapsed(),
         error: None,
@@ -173,6 +194,13 @@ pub async fn decide(
     let decisions = match result {
         Ok(d) => {
             adm.store = Some(call);
+            if let Some(deny) = stores.deny {
+                for (c, dec) in calls.iter().zip(&d) {
+                    if !c.shadow && dec.code == Code::Limited {
+                        deny.refused(&c.key, c.cost, *dec, started);
+                    }
+                }
+            }
             d
         }
         Err(e) => {
@@ -190,7 +218,7 @@ pub async fn decide(
                 }
                 OnError::Local => {
                     passes_as = Outcome::StoreErrorAllowed;
-                    local.decide(&calls)
+                    stores.local.decide(&calls)
                 }
             }
         }
@@ -231,13 +259,17 @@ pub async fn decide(
     }
     if let Some((i, d)) = refused {
         adm.headline = Some((i, d));
-        let limited = GatewayError::Limited {
-            route: route.name.clone(),
-            limit: route.limits[i].name.clone(),
-            retry_after: retry_after_secs(d.retry_after_us),
-        };
-        return (adm, Verdict::Refuse(limited));
+        return (adm, refuse(route, i, d));
     }
     adm.headline = tightest;
     (adm, Verdict::Pass(passes_as))
+}
+
+/// Refused by limit `i` of `route` with decision `d` (which the answer advertises).
+fn refuse(route: &Route, i: usize, d: Decision) -> Verdict {
+    Verdict::Refuse(GatewayError::Limited {
+        route: route.name.clone(),
+        limit: route.limits[i].name.clone(),
+        retry_after: retry_after_secs(d.retry_after_us),
+    })
 }

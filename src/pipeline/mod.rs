@@ -42,6 +42,7 @@ use live::Live;
 use respond::GatewayError;
 use upstream::{ForwardError, Outgoing, Upstream};
 
+use crate::limiter::deny::DenyCache;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
 use crate::limiter::store::StoreError;
@@ -60,6 +61,9 @@ pub struct Gateway {
     pub metrics: Metrics,
     /// The store's metric handles (its kind is fixed until a restart).
     pub store_metrics: StoreMetrics,
+    /// Refusals the remote store made that still hold (none for the embedded store, whose
+    /// decisions cost no round trip).
+    pub deny: Option<DenyCache>,
 }
 
 /// Counts one request in `sluice_inflight_requests` until dropped: at the end of the
@@ -163,7 +167,12 @@ impl Gateway {
             );
             admit::plan(route, &who, &ctx.parts.headers)?
         };
-        let (admission, verdict) = admit::decide(route, plan, &self.store, &self.local).await;
+        let stores = admit::Stores {
+            store: &self.store,
+            local: &self.local,
+            deny: self.deny.as_ref(),
+        };
+        let (admission, verdict) = admit::decide(route, plan, stores).await;
         ctx.admission = admission;
         match verdict {
             Verdict::Pass(outcome) => Ok(outcome),

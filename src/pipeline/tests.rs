@@ -69,7 +69,12 @@ async fn admit(
     let route = &t.routes[0];
     let who = Identity::new(PEER, headers, None, &t.client_ip, &t.identities);
     let plan = admit::plan(route, &who, headers)?;
-    Ok(admit::decide(route, plan, store, local).await)
+    let stores = admit::Stores {
+        store,
+        local,
+        deny: None,
+    };
+    Ok(admit::decide(route, plan, stores).await)
 }
 
 fn local() -> MemoryStore {
@@ -274,6 +279,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
         store: memory(),
         local: Arc::new(self::local()),
         store_metrics: metrics.store("memory"),
+        deny: None,
         metrics,
     };
     let live = Arc::new(Live::new(l, None, &gw.metrics));

@@ -11,6 +11,7 @@ use super::Runtime;
 use super::{reload, server};
 use crate::admin;
 use crate::config::Loaded;
+use crate::limiter::deny::DenyCache;
 use crate::limiter::store::memory::{Clock, MemoryStore};
 use crate::limiter::store::redis::RedisStore;
 use crate::limiter::store::Store;
@@ -42,6 +43,7 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store_metrics: metrics.store(store.label()),
+        deny: matches!(store, Store::Redis(_)).then(DenyCache::default),
         store,
         local,
         metrics,
@@ -110,12 +112,15 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     };
     tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin_listen, version = %gw.live.load().table.version, "sluice serving");
 
-    let sweeper = gw.local.clone();
+    let sweeper = gw.gateway.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            sweeper.sweep();
+            sweeper.local.sweep();
+            if let Some(deny) = &sweeper.deny {
+                deny.sweep(std::time::Instant::now());
+            }
         }
     });
 

@@ -149,6 +149,10 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         Some(&old_live),
         &gw.metrics,
     )));
+    // A rate edit keeps a limit's keys but changes what they admit.
+    if let Some(deny) = &gw.deny {
+        deny.clear();
+    }
     gw.metrics.forget(&gone_routes, &gone_limits);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version

@@ -1,0 +1,229 @@
+//! An exact local deny cache in front of a remote store.
+//!
+//! When the store says a request of cost `c` on key `k` is limited with retry-after `R`, no
+//! request of cost `c` or more on `k` can be admitted before `R` has passed: other gateways
+//! only ever consume, never refill, and every algorithm needs at least as long for a larger
+//! cost. So until then the gateway answers 429 itself, without a store round trip; a hammered
+//! key costs about one store call per retry window per gateway.
+//!
+//! It never refuses what the store would admit: `R` is counted from when the call was *sent*
+//! (the store decided at or after that instant), on the monotonic clock. A request of a smaller
+//! cost still asks the store. Shadow limits are never cached. An admin reset forgets the key;
+//! a reload forgets everything (a rate edit keeps the key but changes what it admits).
+//! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones, and
+//! if it is still full the new entry is not kept (the store simply gets asked again).
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use super::algo::Decision;
+
+/// Entries kept at most (≈100 bytes each with its key).
+pub const MAX_ENTRIES: usize = 100_000;
+const SHARDS: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Before this instant, a request of at least `cost` is refused.
+    until: Instant,
+    cost: u64,
+    /// The store's decision, for the quota and reset shown to the client.
+    decision: Decision,
+    /// When the call that returned `decision` was sent.
+    sent: Instant,
+}
+
+pub struct DenyCache {
+    shards: Vec<Mutex<HashMap<String, Entry>>>,
+    hasher: RandomState,
+    /// Entries in all shards (a lookup on an empty cache takes no lock).
+    len: AtomicUsize,
+}
+
+impl Default for DenyCache {
+    fn default() -> Self {
+        DenyCache {
+            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
+            hasher: RandomState::new(),
+            len: AtomicUsize::new(0),
+        }
+    }
+}
+
+impl DenyCache {
+    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
+        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
+    }
+
+    /// The decision to answer with if a request of `cost` on `key` is certainly refused at
+    /// `now`: limited, remaining 0, retry-after the time left.
+    pub fn check(&self, key: &str, cost: u64, now: Instant) -> Option<Decision> {
+        if self.len.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let e = *self.shard(key).lock().get(key)?;
+        if now >= e.until || cost < e.cost {
+            return None;
+        }
+        let left = e.until.duration_since(now);
+        let elapsed = now.duration_since(e.sent);
+        let reset = Duration::from_micros(e.decision.reset_after_us).saturating_sub(elapsed);
+        Some(Decision {
+            remaining: 0,
+            retry_after_us: micros(left),
+            reset_after_us: micros(reset.max(left)),
+            ..e.decision
+        })
+    }
+
+    /// Remember that the call sent at `sent` on `key` with `cost` was limited as `decision`.
+    pub fn refused(&self, key: &str, cost: u64, decision: Decision, sent: Instant) {
+        if decision.retry_after_us == 0 {
+            return;
+        }
+        let until = sent + Duration::from_micros(decision.retry_after_us);
+        let mut shard = self.shard(key).lock();
+        if let Some(e) = shard.get_mut(key) {
+            // Keep the entry that refuses the most requests.
+            if until > e.until || cost < e.cost {
+                *e = Entry {
+                    until,
+                    cost,
+                    decision,
+                    sent,
+                };
+            }
+            return;
+        }
+        if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
+            let before = shard.len();
+            let now = Instant::now();
+            shard.retain(|_, e| e.until > now);
+            self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
+            if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
+                return;
+            }
+        }
+        shard.insert(
+            key.to_owned(),
+            Entry {
+                until,
+                cost,
+                decision,
+                sent,
+            },
+        );
+        self.len.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Forget one key (an admin reset).
+    pub fn forget(&self, key: &str) {
+        if self.shard(key).lock().remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Forget everything (a reload may have changed what any key admits).
+    pub fn clear(&self) {
+        for s in &self.shards {
+            let mut s = s.lock();
+            self.len.fetch_sub(s.len(), Ordering::Relaxed);
+            s.clear();
+        }
+    }
+
+    /// Drop expired entries (the server calls this periodically).
+    pub fn sweep(&self, now: Instant) {
+        for s in &self.shards {
+            let mut s = s.lock();
+            let before = s.len();
+            s.retain(|_, e| e.until > now);
+            self.len.fetch_sub(before - s.len(), Ordering::Relaxed);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::algo::Code;
+
+    fn limited(retry_us: u64) -> Decision {
+        Decision {
+            code: Code::Limited,
+            limit: 10,
+            remaining: 0,
+            retry_after_us: retry_us,
+            reset_after_us: 2 * retry_us,
+        }
+    }
+
+    #[test]
+    fn refuses_the_same_or_larger_cost_until_the_wait_has_passed() {
+        let c = DenyCache::default();
+        let t0 = Instant::now();
+        c.refused("k", 2, limited(1_000_000), t0);
+        let d = c.check("k", 2, t0 + Duration::from_millis(400)).unwrap();
+        assert_eq!(d.code, Code::Limited);
+        assert_eq!(d.retry_after_us, 600_000);
+        assert_eq!(d.reset_after_us, 1_600_000);
+        assert!(
+            c.check("k", 5, t0).is_some(),
+            "a larger cost waits at least as long"
+        );
+        assert!(
+            c.check("k", 1, t0).is_none(),
+            "a smaller cost may fit: ask the store"
+        );
+        assert!(
+            c.check("k", 2, t0 + Duration::from_secs(1)).is_none(),
+            "the wait is over"
+        );
+        assert!(c.check("other", 2, t0).is_none());
+    }
+
+    #[test]
+    fn forget_clear_sweep_and_the_bound() {
+        let c = DenyCache::default();
+        let t0 = Instant::now();
+        c.refused("a", 1, limited(1_000_000), t0);
+        c.refused("b", 1, limited(1_000), t0);
+        assert_eq!(c.len(), 2);
+        c.forget("a");
+        assert!(c.check("a", 1, t0).is_none());
+        c.sweep(t0 + Duration::from_millis(5));
+        assert!(c.is_empty(), "b expired");
+        c.refused("c", 1, limited(1_000_000), t0);
+        c.clear();
+        assert!(c.is_empty() && c.check("c", 1, t0).is_none());
+        // A zero wait is nothing to cache.
+        c.refused("z", 1, limited(0), t0);
+        assert!(c.is_empty());
+    }
+
+    #[test]
+    fn never_holds_more_than_the_bound() {
+        let c = DenyCache::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_ENTRIES + 500 {
+            c.refused(&format!("k{i}"), 1, limited(60_000_000), t0);
+        }
+        assert_eq!(c.len(), MAX_ENTRIES);
+    }
+}
