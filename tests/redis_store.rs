@@ -26,6 +26,7 @@ fn settings(mode: RedisMode, url: Option<String>, nodes: Vec<String>) -> RedisSe
         timeout: Duration::from_millis(200),
         key_prefix: "sluice:".into(),
         startup_timeout: Duration::from_secs(5),
+        deny_cache: true,
     }
 }
 

@@ -313,6 +313,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
         timeout,
         key_prefix: r.key_prefix.clone(),
         startup_timeout: c.duration("store.redis.startup_timeout", &r.startup_timeout),
+        deny_cache: r.deny_cache,
     };
     // What the client itself would refuse (fred parses the URL), reported here with a position.
     if s.kind == StoreKind::Redis {

@@ -105,6 +105,9 @@ pub struct Redis {
     /// How long `sluice run` waits for the store before opening its data listener.
     #[serde(default = "d_startup_timeout")]
     pub startup_timeout: String,
+    /// Answer a refusal that certainly still holds without asking Redis again.
+    #[serde(default = "d_true")]
+    pub deny_cache: bool,
 }
 
 impl Default for Redis {
@@ -119,6 +122,7 @@ impl Default for Redis {
             timeout: d_redis_timeout(),
             key_prefix: d_prefix(),
             startup_timeout: d_startup_timeout(),
+            deny_cache: true,
         }
     }
 }

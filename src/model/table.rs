@@ -65,6 +65,8 @@ pub struct RedisSettings {
     pub key_prefix: String,
     /// How long startup waits for the store before serving per `on_error` anyway.
     pub startup_timeout: Duration,
+    /// Keep Redis's refusals locally while they certainly hold (`limiter::deny`).
+    pub deny_cache: bool,
 }
 
 impl Table {

@@ -179,7 +179,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
                 }
             }
         }
-        if let Some((i, d)) = hit {
+        if let Some((i, d)) = hit.filter(|_| stores.store.healthy()) {
             adm.decisions = vec![(i, DecisionLabel::Limited)];
             adm.headline = Some((i, d));
             return (adm, refuse(route, i, d));

@@ -54,6 +54,7 @@ fn store_down() -> Store {
         timeout: Duration::from_millis(20),
         key_prefix: "t:".into(),
         startup_timeout: Duration::from_millis(20),
+        deny_cache: true,
     };
     Store::Redis(Arc::new(RedisStore::connect(&settings).unwrap()))
 }

@@ -37,13 +37,15 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
             }
         },
     };
+    let deny =
+        (matches!(store, Store::Redis(_)) && table.store.redis.deny_cache).then(DenyCache::default);
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
     let live = Live::new(loaded, None, &metrics);
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store_metrics: metrics.store(store.label()),
-        deny: matches!(store, Store::Redis(_)).then(DenyCache::default),
+        deny,
         store,
         local,
         metrics,

@@ -111,6 +111,14 @@ impl Store {
         }
     }
 
+    /// Connected and not failing, as far as the client knows without a round trip.
+    pub fn healthy(&self) -> bool {
+        match self {
+            Store::Memory(_) => true,
+            Store::Redis(r) => r.healthy(),
+        }
+    }
+
     /// Does the store answer right now? (`/readyz`; never waits past the store timeout.)
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

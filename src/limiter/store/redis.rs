@@ -297,6 +297,12 @@ impl RedisStore {
         run(true).await
     }
 
+    /// Connected and not failing: what the deny cache asks before answering for this store
+    /// (while Redis is down, requests follow `on_error`, not remembered refusals).
+    pub fn healthy(&self) -> bool {
+        !self.breaker.is_open() && self.pool.next_connected().is_connected()
+    }
+
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
     pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
         self.guarded(self.decide_unguarded(calls)).await
@@ -380,6 +386,7 @@ mod tests {
             timeout: Duration::from_millis(50),
             key_prefix: "sluice:".into(),
             startup_timeout: Duration::from_secs(5),
+            deny_cache: true,
         }
     }
 

@@ -1,6 +1,7 @@
 //! A minimal synchronous RESP2 client: [`Resp`] replies, a blocking [`Conn`] to one Redis
 //! or sentinel on 127.0.0.1, and [`info_field`] for `INFO`-style text.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -73,6 +74,22 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// `INFO commandstats` as command → (calls, failed calls).
+    pub fn commandstats(&mut self) -> BTreeMap<String, (u64, u64)> {
+        let text = self.cmd_ok(&["INFO", "commandstats"]).as_str();
+        text.lines()
+            .filter_map(|l| {
+                let (name, rest) = l.trim().strip_prefix("cmdstat_")?.split_once(':')?;
+                let field = |f: &str| {
+                    rest.split(',')
+                        .find_map(|kv| kv.strip_prefix(f)?.strip_prefix('=')?.parse().ok())
+                        .unwrap_or(0u64)
+                };
+                Some((name.to_string(), (field("calls"), field("failed_calls"))))
+            })
+            .collect()
+    }
+
     /// Connect to 127.0.0.1:`port`; panics if nothing answers.
     pub fn connect(port: u16) -> Conn {
         Conn::try_connect(port)
