@@ -43,7 +43,7 @@ routes:
     match: { path_prefix: / }
     upstream: up
 YAML
-  RUST_LOG=${RUST_LOG:-info} target/release/sluice run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
+  RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
 }
 gateway "$GW" "$ADM" "" bench
 sleep 1
@@ -109,9 +109,10 @@ pid $tmp/nginx-lua.pid;
 error_log $tmp/nginx-lua-error.log;
 events { worker_connections 4096; }
 http {
-  access_log $tmp/nginx-lua-access.log;
+  access_log off;
+  keepalive_requests 10000000;
   client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
-  upstream up { server 127.0.0.1:$UP; keepalive 128; }
+  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
   server {
     listen 127.0.0.1:$NL;
     location / {
@@ -151,8 +152,9 @@ NGINX
   fi
 fi
 
-# Reference on the same machine, if nginx is installed: one worker, keep-alive upstream,
-# limit_req for the 429 path, access log on (as sluice's).
+# Reference on the same machine, if nginx is installed: one worker, keep-alive upstream with
+# no request cap, limit_req for the 429 path, access log off (as sluice's: like with like, as
+# the shared peer rig configures both).
 if command -v nginx >/dev/null; then
   NG=$(free_port)
   cat > "$tmp/nginx.conf" <<NGINX
@@ -162,10 +164,11 @@ pid $tmp/nginx.pid;
 error_log $tmp/nginx-error.log;
 events { worker_connections 4096; }
 http {
-  access_log $tmp/nginx-access.log;
+  access_log off;
+  keepalive_requests 10000000;
   client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
   limit_req_zone \$binary_remote_addr zone=one:1m rate=1r/m;
-  upstream up { server 127.0.0.1:$UP; keepalive 128; }
+  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
   server {
     listen 127.0.0.1:$NG;
     location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
