@@ -8,7 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config;
 use sluice::config::file::File;
 use sluice::config::Loaded;
-use sluice::model::table::Table;
+use sluice::model::table::{Boot, Table};
 
 #[derive(Parser)]
 #[command(
@@ -76,7 +76,7 @@ fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
     let Some(loaded) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    let workers = loaded.table.workers;
+    let workers = loaded.boot.workers;
     let rt = if workers == 1 {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -104,7 +104,7 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     let Some(t) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    print!("{}", summary(path, &t.table, &t.file));
+    print!("{}", summary(path, &t.boot, &t.table, &t.file));
     if connect {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -125,31 +125,31 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn summary(path: &std::path::Path, t: &Table, file: &File) -> String {
+fn summary(path: &std::path::Path, boot: &Boot, t: &Table, file: &File) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "{}: OK, version {}", path.display(), t.version);
     let _ = writeln!(
         s,
         "listen {}  admin {}  workers {}",
-        t.listen, t.admin_listen, t.workers
+        boot.listen, boot.admin_listen, boot.workers
     );
-    let store = match t.store.kind {
+    let store = match boot.store.kind {
         sluice::model::policy::StoreKind::Memory => {
-            format!("memory (max {} keys)", t.store.memory_max_keys)
+            format!("memory (max {} keys)", boot.store.memory_max_keys)
         }
         sluice::model::policy::StoreKind::Redis => format!(
             "redis {:?} {}",
-            t.store.redis.mode,
-            t.store
+            boot.store.redis.mode,
+            boot.store
                 .redis
                 .url
                 .as_deref()
                 .map(config::compile::redact_url)
-                .unwrap_or_else(|| t.store.redis.nodes.join(","))
+                .unwrap_or_else(|| boot.store.redis.nodes.join(","))
         ),
     };
-    let _ = writeln!(s, "store {store}  on_error {:?}", t.store.on_error);
+    let _ = writeln!(s, "store {store}  on_error {:?}", boot.store.on_error);
     let _ = writeln!(
         s,
         "upstreams {}",

@@ -11,11 +11,15 @@ use crate::model::table::Table;
 /// `{"version", "loaded_at", "loaded_at_unix", "config"}`. `config` is the file as loaded,
 /// with every default filled in and `workers` resolved; settings that only a restart can
 /// change show the running values, not a newer file's.
-pub(crate) fn document(table: &Table, file: &File) -> Result<Value, serde_json::Error> {
+pub(crate) fn document(
+    table: &Table,
+    file: &File,
+    workers: usize,
+) -> Result<Value, serde_json::Error> {
     let mut config = serde_json::to_value(file)?;
     redact(&mut config, None);
     if let Some(w) = config.get_mut("workers") {
-        *w = json!(table.workers);
+        *w = json!(workers);
     }
     let unix = table
         .loaded_at

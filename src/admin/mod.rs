@@ -94,7 +94,7 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
             Method::GET | Method::HEAD => {
                 let live = gw.live.load_full();
                 let table = &live.table;
-                match config::document(table, &live.file) {
+                match config::document(table, &live.file, gw.boot.workers) {
                     Ok(doc) => json_reply(StatusCode::OK, &doc),
                     Err(e) => problem(
                         StatusCode::INTERNAL_SERVER_ERROR,
@@ -141,8 +141,8 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
 
 /// Loopback admin listeners are open; any other needs the bearer token (no token set:
 /// nothing passes — `sluice check` refuses that config anyway).
-fn authorized(gw: &Gateway, headers: &HeaderMap) -> bool {
-    if gw.live.load().table.admin_listen.ip().is_loopback() {
+fn authorized(gw: &Runtime, headers: &HeaderMap) -> bool {
+    if gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }
     let Some(expected) = std::env::var(ADMIN_TOKEN_ENV)

@@ -18,7 +18,7 @@ use crate::model::limit::{Cost, KeyPart, LimitRule};
 use crate::model::path::PathRules;
 use crate::model::policy::{RedisMode, StoreKind};
 use crate::model::route::{HostMatch, Matcher, PathMatch, Route};
-use crate::model::table::{RedisSettings, StoreSettings, Table, UpstreamSpec};
+use crate::model::table::{Boot, RedisSettings, StoreSettings, Table, UpstreamSpec};
 use crate::pipeline::headers::ratelimit::policy_value;
 
 /// Environment variable holding the admin bearer token.
@@ -87,7 +87,7 @@ pub fn compile(
     file: &File,
     pos: &Positions,
     version: String,
-) -> Result<Table, ConfigErrors> {
+) -> Result<(Boot, Table), ConfigErrors> {
     let mut c = Ctx {
         name,
         pos,
@@ -227,22 +227,25 @@ pub fn compile(
     // When the config was loaded, for /admin/config: metadata, not a decision.
     #[allow(clippy::disallowed_methods)]
     let loaded_at = SystemTime::now();
-    Ok(Table {
-        version,
-        loaded_at,
-        headers: file.responses.headers,
-        paths,
-        upstreams,
+    let boot = Boot {
         listen,
         admin_listen,
         workers,
         drain_timeout,
         client_header_timeout,
         store,
+    };
+    let table = Table {
+        version,
+        loaded_at,
+        headers: file.responses.headers,
+        paths,
+        upstreams,
         client_ip,
         identities,
         routes,
-    })
+    };
+    Ok((boot, table))
 }
 
 fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
-use crate::model::table::Table;
+use crate::model::table::{Boot, Table};
 
 /// One problem in a config file, printed as `FILE:LINE:COL: message`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,13 +117,14 @@ pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
 /// Validate and compile a parsed file; `text` is its source, for positions and the version.
 pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, ConfigErrors> {
     let positions = position::Positions::index(text);
-    let table = compile::compile(name, &file, &positions, version_of(text))?;
-    Ok(Loaded { table, file })
+    let (boot, table) = compile::compile(name, &file, &positions, version_of(text))?;
+    Ok(Loaded { boot, table, file })
 }
 
-/// A loaded config: the compiled table the gateway serves, and the file it came from (what
-/// `/admin/config` shows and what a reload compares restart-only settings against).
+/// A loaded config: what only a restart changes, the compiled table the gateway serves, and
+/// the file it came from (what `/admin/config` shows).
 pub struct Loaded {
+    pub boot: Boot,
     pub table: Table,
     pub file: file::File,
 }

@@ -13,16 +13,45 @@ use crate::model::path::PathRules;
 use crate::model::policy::{HeadersMode, OnError, RedisMode, StoreKind};
 use crate::model::route::Route;
 
-pub struct Table {
-    /// Hash of the file's content (the `version` of `/admin/config` and `sluice_config_info`).
-    pub version: String,
-    pub loaded_at: SystemTime,
+/// What only a restart changes: the listeners, the worker threads, the drain and header
+/// deadlines, and the store. Set once at start; a reload that edits them is told so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boot {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
     pub workers: usize,
     pub drain_timeout: Duration,
     pub client_header_timeout: Duration,
     pub store: StoreSettings,
+}
+
+impl Boot {
+    /// The settings that differ in `next` (which waits for a restart).
+    pub fn changed(&self, next: &Boot) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        let mut check = |differs: bool, name| {
+            if differs {
+                v.push(name);
+            }
+        };
+        check(self.listen != next.listen, "listen");
+        check(self.admin_listen != next.admin_listen, "admin_listen");
+        check(self.workers != next.workers, "workers");
+        check(self.drain_timeout != next.drain_timeout, "drain_timeout");
+        check(
+            self.client_header_timeout != next.client_header_timeout,
+            "client_header_timeout",
+        );
+        check(self.store != next.store, "store");
+        v
+    }
+}
+
+/// What reloads swap: the routing, and everything a request reads.
+pub struct Table {
+    /// Hash of the file's content (the `version` of `/admin/config` and `sluice_config_info`).
+    pub version: String,
+    pub loaded_at: SystemTime,
     pub client_ip: ClientIpRules,
     pub identities: IdentitySources,
     pub headers: HeadersMode,

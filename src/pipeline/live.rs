@@ -7,7 +7,6 @@
 use std::sync::Arc;
 
 use crate::config::file::File;
-use crate::config::Loaded;
 use crate::model::table::Table;
 use crate::pipeline::upstream::Upstream;
 use crate::telemetry::metrics::{Metrics, RouteMetrics};
@@ -27,8 +26,7 @@ pub struct Live {
 impl Live {
     /// Resolve `table`'s runtime resources, taking over `previous`'s upstream clients where
     /// the settings are equal.
-    pub fn new(loaded: Loaded, previous: Option<&Live>, metrics: &Metrics) -> Live {
-        let Loaded { table, file } = loaded;
+    pub fn new(table: Table, file: File, previous: Option<&Live>, metrics: &Metrics) -> Live {
         let upstreams = table
             .upstreams
             .iter()

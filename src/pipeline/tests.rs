@@ -33,6 +33,10 @@ fn loaded(on_error: &str, limits: &[&str]) -> Loaded {
     config::load_str("t.yaml", &yaml).unwrap_or_else(|e| panic!("{e}"))
 }
 
+fn live_of(l: Loaded, metrics: &Metrics) -> Live {
+    Live::new(l.table, l.file, None, metrics)
+}
+
 fn memory() -> Store {
     Store::Memory(Arc::new(MemoryStore::new(64, Clock::manual(START_US).0)))
 }
@@ -269,12 +273,11 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     let (adm, _) = admit(&l, &store, &local, &HeaderMap::new()).await.unwrap();
     let metrics = Metrics::new();
     let gw = Gateway {
-        live: ArcSwap::from_pointee(Live::new(
+        live: ArcSwap::from_pointee(live_of(
             loaded(
                 "allow",
                 &["{ name: x, by: ip, algorithm: gcra, rate: 1/1s }"],
             ),
-            None,
             &metrics,
         )),
         store: memory(),
@@ -283,7 +286,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
         deny: None,
         metrics,
     };
-    let live = Arc::new(Live::new(l, None, &gw.metrics));
+    let live = Arc::new(live_of(l, &gw.metrics));
     let parts = Request::builder()
         .uri("/x")
         .body(())

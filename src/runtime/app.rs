@@ -22,11 +22,11 @@ use crate::telemetry::metrics::Metrics;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
 pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
-    let table = &loaded.table;
-    let local = Arc::new(MemoryStore::new(table.store.memory_max_keys, Clock::System));
-    let store = match table.store.kind {
+    let Loaded { boot, table, file } = loaded;
+    let local = Arc::new(MemoryStore::new(boot.store.memory_max_keys, Clock::System));
+    let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),
-        StoreKind::Redis => match RedisStore::connect(&table.store.redis) {
+        StoreKind::Redis => match RedisStore::connect(&boot.store.redis) {
             Ok(r) => Store::Redis(Arc::new(r)),
             Err(e) => {
                 // Config loading already ran these settings through fred (store::redis::validate),
@@ -38,10 +38,10 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         },
     };
     let deny =
-        (matches!(store, Store::Redis(_)) && table.store.redis.deny_cache).then(DenyCache::default);
+        (matches!(store, Store::Redis(_)) && boot.store.redis.deny_cache).then(DenyCache::default);
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
-    let live = Live::new(loaded, None, &metrics);
+    let live = Live::new(table, file, None, &metrics);
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store_metrics: metrics.store(store.label()),
@@ -50,15 +50,15 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         local,
         metrics,
     };
-    Arc::new(Runtime::new(gateway, config_path))
+    Arc::new(Runtime::new(gateway, boot, config_path))
 }
 
 /// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.
 pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
-    let table = &loaded.table;
-    let (listen, admin_listen) = (table.listen, table.admin_listen);
-    let (drain, header_timeout) = (table.drain_timeout, table.client_header_timeout);
-    let startup_timeout = table.store.redis.startup_timeout;
+    let boot = &loaded.boot;
+    let (listen, admin_listen) = (boot.listen, boot.admin_listen);
+    let (drain, header_timeout) = (boot.drain_timeout, boot.client_header_timeout);
+    let startup_timeout = boot.store.redis.startup_timeout;
     let gw = gateway(loaded, config_path).await;
     // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
     // accepts must reload or drain, not kill the process by the default action.
@@ -93,7 +93,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     // The data listener opens only once the store is ready (connected, script loaded): a
     // request that arrives the instant the port accepts is decided by the store like every
     // other, instead of by `on_error` (SPEC §3 "Startup"). Bounded by `startup_timeout`.
-    let (label, policy) = (gw.store.label(), gw.live.load().table.store.on_error);
+    let (label, policy) = (gw.store.label(), gw.boot.store.on_error);
     match gw.store.wait_ready(startup_timeout).await {
         Ok(()) => tracing::info!(store = label, "store reachable"),
         Err(e) => tracing::warn!(

@@ -98,29 +98,22 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
 /// Swap in a compiled table, keeping what only a restart can change.
 fn apply(gw: &Runtime, loaded: Loaded) -> String {
     let Loaded {
-        table: mut new,
+        boot,
+        table: new,
         file: mut new_file,
     } = loaded;
     let old_live = gw.live.load_full();
     let old = &old_live.table;
-    let mut restart = Vec::new();
-    macro_rules! keep {
-        ($($field:ident),*) => {$(
-            if new.$field != old.$field {
-                restart.push(stringify!($field));
-                new.$field = old.$field.clone();
-                // `/admin/config` shows what runs, not what waits for a restart.
-                new_file.$field = old_live.file.$field.clone();
-            }
-        )*};
-    }
-    keep!(
-        listen,
-        admin_listen,
-        workers,
-        drain_timeout,
-        client_header_timeout
-    );
+    let restart = gw.boot.changed(&boot);
+    // `/admin/config` shows what runs, not what waits for a restart.
+    let running = &old_live.file;
+    new_file.listen.clone_from(&running.listen);
+    new_file.admin_listen.clone_from(&running.admin_listen);
+    new_file.workers = running.workers;
+    new_file.drain_timeout.clone_from(&running.drain_timeout);
+    new_file
+        .client_header_timeout
+        .clone_from(&running.client_header_timeout);
     if !restart.is_empty() {
         tracing::warn!(settings = ?restart, "these settings changed but need a restart; the running values are kept");
     }
@@ -142,10 +135,8 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         .collect();
     let version = new.version.clone();
     gw.live.store(Arc::new(Live::new(
-        Loaded {
-            table: new,
-            file: new_file,
-        },
+        new,
+        new_file,
         Some(&old_live),
         &gw.metrics,
     )));
