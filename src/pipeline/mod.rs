@@ -156,6 +156,10 @@ impl Gateway {
     /// Identify the client and decide every limit of the route in one store call. `Ok`: the
     /// outcome the request counts as once forwarded.
     async fn admit(&self, ctx: &mut Ctx, route: &Route) -> Result<Outcome, GatewayError> {
+        // A plain proxy route: no identity to work out, nothing to decide.
+        if route.limits.is_empty() {
+            return Ok(Outcome::Forwarded);
+        }
         let table = &ctx.live.table;
         let plan = {
             let who = Identity::new(
@@ -255,7 +259,8 @@ impl Gateway {
             None
         };
 
-        let mut headers = parts.headers.clone();
+        // The head's headers are not read after this phase: move them, don't copy them.
+        let mut headers = std::mem::take(&mut parts.headers);
         hop_by_hop::strip(&mut headers, upgrade);
         forwarded::apply(
             &mut headers,

@@ -113,7 +113,8 @@ impl Upstream {
             .chain((0..n).map(|i| (first + i) % n))
             .take(n);
         let mut last = None;
-        for i in order {
+        let mut headers = Some(out.headers);
+        for (attempt, i) in order.enumerate() {
             let target = &self.targets[i];
             let uri = Uri::builder()
                 .scheme(Scheme::HTTP)
@@ -128,7 +129,13 @@ impl Upstream {
             *req.method_mut() = out.method.clone();
             *req.uri_mut() = uri;
             *req.version_mut() = Version::HTTP_11;
-            *req.headers_mut() = out.headers.clone();
+            // The last possible attempt takes the headers; earlier ones (a refused connection
+            // is retried on the next target) copy them.
+            *req.headers_mut() = if attempt + 1 == n {
+                headers.take().unwrap_or_default()
+            } else {
+                headers.clone().unwrap_or_default()
+            };
             match tokio::time::timeout_at(deadline, self.client.request(req)).await {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
