@@ -13,8 +13,8 @@ use super::{json_reply, no_content, problem, Body};
 use crate::limiter::key;
 use crate::model::identity::ClientIpRules;
 use crate::model::limit::{KeyPart, LimitRule};
+use crate::model::params::Params;
 use crate::model::policy::OnMissing;
-use crate::model::table::Table;
 use crate::pipeline::headers::ratelimit::retry_after_secs;
 use crate::pipeline::identify::percent_decode;
 use crate::pipeline::Gateway;
@@ -26,13 +26,11 @@ pub(crate) async fn peek(
     limit: &str,
     query: Option<&str>,
 ) -> Response<Body> {
-    let live = gw.live.load_full();
-    let table = &live.table;
-    let (rule, key) = match target(table, route, limit, query) {
+    let (params, key) = match target(gw, route, limit, query) {
         Ok(t) => t,
         Err(res) => return res,
     };
-    match gw.store.peek(&key, &rule.params).await {
+    match gw.store.peek(&key, &params).await {
         Ok(p) => {
             let retry = if p.next.allowed() {
                 0
@@ -44,8 +42,8 @@ pub(crate) async fn peek(
                 &json!({
                     "route": route,
                     "limit": limit,
-                    "algorithm": rule.params.algorithm.name(),
-                    "quota": rule.params.limit,
+                    "algorithm": params.algorithm.name(),
+                    "quota": params.limit,
                     "remaining": p.now.remaining,
                     "reset_seconds": p.now.reset_after_us.div_ceil(1_000_000),
                     "retry_after_seconds": retry,
@@ -62,9 +60,7 @@ pub(crate) async fn reset(
     limit: &str,
     query: Option<&str>,
 ) -> Response<Body> {
-    let live = gw.live.load_full();
-    let table = &live.table;
-    let (_, key) = match target(table, route, limit, query) {
+    let (_, key) = match target(gw, route, limit, query) {
         Ok(t) => t,
         Err(res) => return res,
     };
@@ -82,14 +78,17 @@ pub(crate) async fn reset(
     }
 }
 
-/// The limit named by the path and the store key named by the query.
+/// The parameters of the limit named by the path, in the live table, and the store key
+/// named by the query.
 #[allow(clippy::result_large_err)]
-fn target<'t>(
-    table: &'t Table,
+fn target(
+    gw: &Gateway,
     route: &str,
     limit: &str,
     query: Option<&str>,
-) -> Result<(&'t LimitRule, String), Response<Body>> {
+) -> Result<(Params, String), Response<Body>> {
+    let live = gw.live.load();
+    let table = &live.table;
     let Some(r) = table.route(route) else {
         return Err(problem(
             StatusCode::NOT_FOUND,
@@ -110,7 +109,7 @@ fn target<'t>(
         (key, None) => material(rule, key.as_deref(), &table.client_ip),
     }
     .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
-    Ok((rule, key::store_key(&rule.key_base, &material)))
+    Ok((rule.params, key::store_key(&rule.key_base, &material)))
 }
 
 /// The decoded value of `name` in a query string.
@@ -203,6 +202,7 @@ fn part_name(p: &KeyPart) -> String {
 mod tests {
     use super::*;
     use crate::config::load_str;
+    use crate::model::table::Table;
     use crate::pipeline::admit::identity_material;
     use crate::pipeline::identify::Identity;
     use http::{HeaderMap, HeaderValue};
