@@ -1,6 +1,7 @@
 //! The running process: boot (`app`), listeners (`server`), and live reload (`reload`).
 
 pub mod app;
+pub mod proxy_protocol;
 pub mod reload;
 pub mod server;
 
