@@ -6,9 +6,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config;
-use sluice::config::file::File;
 use sluice::config::Loaded;
-use sluice::model::table::{Boot, Table};
+use sluice::model::tls::TlsVersion;
 
 #[derive(Parser)]
 #[command(
@@ -104,7 +103,11 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     let Some(t) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    print!("{}", summary(path, &t.boot, &t.table, &t.file));
+    for w in &t.tls.warnings {
+        let w = config::ConfigError::from(w.clone());
+        eprintln!("{}:{}:{}: warning: {}", w.file, w.line, w.col, w.message);
+    }
+    print!("{}", summary(path, &t));
     if connect {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -125,15 +128,35 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn summary(path: &std::path::Path, boot: &Boot, t: &Table, file: &File) -> String {
+fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
     use std::fmt::Write;
+    let (boot, t, file) = (&loaded.boot, &loaded.table, &loaded.file);
     let mut s = String::new();
     let _ = writeln!(s, "{}: OK, version {}", path.display(), t.version);
-    let _ = writeln!(
-        s,
-        "listen {}  admin {}  workers {}",
-        boot.listen, boot.admin_listen, boot.workers
-    );
+    for (l, certs) in boot.listeners.iter().zip(&loaded.tls.listeners) {
+        let tls = match &l.tls {
+            Some(t) if t.min_version == TlsVersion::V1_3 => " tls 1.3",
+            Some(_) => " tls 1.2+",
+            None => "",
+        };
+        let pp = if l.proxy_protocol {
+            " proxy_protocol"
+        } else {
+            ""
+        };
+        let _ = writeln!(s, "listen {}{tls}{pp}", l.address);
+        #[allow(clippy::disallowed_methods)] // days left of a certificate: wall clock
+        let now = std::time::SystemTime::now();
+        for info in certs.iter().flat_map(|c| &c.infos) {
+            let _ = writeln!(
+                s,
+                "  certificate {} ({} days left)",
+                info.name,
+                info.seconds_left(now) / 86_400
+            );
+        }
+    }
+    let _ = writeln!(s, "admin {}  workers {}", boot.admin_listen, boot.workers);
     let store = match boot.store.kind {
         sluice::model::policy::StoreKind::Memory => {
             format!("memory (max {} keys)", boot.store.memory_max_keys)

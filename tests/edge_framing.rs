@@ -677,6 +677,7 @@ fn panicking_server(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     rt.spawn(sluice::runtime::server::serve(
         listener,
+        sluice::runtime::server::Accept::default(),
         |req: http::Request<hyper::body::Incoming>, _peer| {
             // Panics while creating the handler's future …
             if req.uri().path() == "/panic-sync" {

@@ -27,13 +27,14 @@ fn settings(mode: RedisMode, url: Option<String>, nodes: Vec<String>) -> RedisSe
         key_prefix: "sluice:".into(),
         startup_timeout: Duration::from_secs(5),
         deny_cache: true,
+        tls: None,
     }
 }
 
 async fn standalone(redis: &RedisServer, timeout_ms: u64) -> Arc<RedisStore> {
     let mut s = settings(RedisMode::Standalone, Some(redis.url()), vec![]);
     s.timeout = Duration::from_millis(timeout_ms);
-    let store = RedisStore::connect(&s).unwrap();
+    let store = RedisStore::connect(&s, None).unwrap();
     store.wait_connected(Duration::from_secs(5)).await.unwrap();
     Arc::new(store)
 }
@@ -262,7 +263,7 @@ async fn a_dead_redis_fails_fast_and_peek_and_reset_work_once_back() {
 async fn cluster_decides_across_slots_without_charging_refused_requests() {
     let cluster = RedisCluster::start();
     let s = settings(RedisMode::Cluster, None, cluster.seeds());
-    let store = RedisStore::connect(&s).unwrap();
+    let store = RedisStore::connect(&s, None).unwrap();
     store.wait_connected(Duration::from_secs(10)).await.unwrap();
     let store = Arc::new(store);
     // Two identities on (almost surely) different slots, and a third limit sharing a slot.
@@ -321,18 +322,19 @@ async fn password_protected_redis_needs_the_password() {
         .cmd_ok(&["CONFIG", "SET", "requirepass", "s3cret"]);
     let mut s = settings(RedisMode::Standalone, Some(redis.url()), vec![]);
     // Without it: the store never answers, and says why (no hang).
-    let store = RedisStore::connect(&s).unwrap();
+    let store = RedisStore::connect(&s, None).unwrap();
     assert!(store.wait_connected(Duration::from_secs(2)).await.is_err());
     // `password_env` resolves into `password`, which wins over the URL.
     s.password = Some("s3cret".into());
-    let store = RedisStore::connect(&s).unwrap();
+    let store = RedisStore::connect(&s, None).unwrap();
     store.wait_connected(Duration::from_secs(5)).await.unwrap();
     let c = call("sluice:r:l:gcra:{pw}", Algorithm::Gcra, 2, 60 * S);
     let d = store.decide(std::slice::from_ref(&c)).await.unwrap()[0];
     assert_eq!((d.code, d.remaining), (Code::Allowed, 1));
     // And in the URL itself.
     let url = format!("redis://:s3cret@{}/0", redis.addr());
-    let store = RedisStore::connect(&settings(RedisMode::Standalone, Some(url), vec![])).unwrap();
+    let store =
+        RedisStore::connect(&settings(RedisMode::Standalone, Some(url), vec![]), None).unwrap();
     store.wait_connected(Duration::from_secs(5)).await.unwrap();
     let d = store.decide(&[c]).await.unwrap()[0];
     assert_eq!((d.code, d.remaining), (Code::Allowed, 0));
@@ -360,7 +362,7 @@ async fn sentinel_failover_keeps_deciding_and_charges_once() {
 
     let mut s = settings(RedisMode::Sentinel, None, sentinel.sentinel_nodes());
     s.sentinel_service = Some("mymaster".into());
-    let store = RedisStore::connect(&s).unwrap();
+    let store = RedisStore::connect(&s, None).unwrap();
     store.wait_connected(Duration::from_secs(5)).await.unwrap();
     let store = Arc::new(store);
     let c = call(

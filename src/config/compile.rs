@@ -2,6 +2,7 @@
 
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use http::uri::Authority;
@@ -19,6 +20,7 @@ use crate::model::path::PathRules;
 use crate::model::policy::{RedisMode, StoreKind};
 use crate::model::route::{HostMatch, Matcher, PathMatch, Route};
 use crate::model::table::{Boot, RedisSettings, StoreSettings, Table, UpstreamSpec};
+use crate::model::tls::{At, CertFiles, ClientTls, Listener, ListenerTls, TlsVersion};
 use crate::pipeline::headers::ratelimit::policy_value;
 
 /// Environment variable holding the admin bearer token.
@@ -52,6 +54,25 @@ impl Ctx<'_> {
                 self.err(path, e);
                 Duration::from_secs(1)
             }
+        }
+    }
+
+    /// Where `path` was written, kept for errors found when its files are loaded.
+    fn at(&self, path: &str) -> At {
+        let p = self.pos.of(path);
+        At {
+            file: self.name.to_string(),
+            line: p.line,
+            col: p.col,
+        }
+    }
+
+    /// A file named in the config: relative paths are relative to the config file's directory.
+    fn path(&self, p: &str) -> PathBuf {
+        let p = Path::new(p);
+        match Path::new(self.name).parent() {
+            Some(dir) if p.is_relative() => dir.join(p),
+            _ => p.to_path_buf(),
         }
     }
 
@@ -94,16 +115,7 @@ pub fn compile(
         errors: Vec::new(),
     };
 
-    let listen = file.listen.parse::<SocketAddr>().unwrap_or_else(|_| {
-        c.err(
-            "listen",
-            format!(
-                "invalid listen address `{}` (expected IP:PORT)",
-                file.listen
-            ),
-        );
-        SocketAddr::from(([0, 0, 0, 0], 8080))
-    });
+    let listeners = listeners(&mut c, &file.listen);
     let admin_listen = file.admin_listen.parse::<SocketAddr>().unwrap_or_else(|_| {
         c.err(
             "admin_listen",
@@ -139,13 +151,34 @@ pub fn compile(
                 format!("upstream `{uname}` has no targets"),
             );
         }
-        let targets: Vec<Authority> = u
+        let targets: Vec<(Authority, bool)> = u
             .targets
             .iter()
             .enumerate()
             .filter_map(|(i, t)| target(&mut c, &format!("{base}.targets[{i}]"), t))
             .collect();
+        let https = targets.first().is_some_and(|(_, https)| *https);
+        if targets.iter().any(|(_, h)| *h != https) {
+            c.err(
+                &format!("{base}.targets"),
+                format!("upstream `{uname}` mixes http:// and https:// targets: use one scheme"),
+            );
+        }
+        let tls = match (&u.tls, https) {
+            (Some(t), true) => Some(client_tls(&mut c, &format!("{base}.tls"), t, false)),
+            (None, true) => Some(ClientTls::default()),
+            (Some(_), false) => {
+                c.err(
+                    &format!("{base}.tls"),
+                    format!("upstream `{uname}` has `tls` but its targets are http://"),
+                );
+                None
+            }
+            (None, false) => None,
+        };
+        let targets = targets.into_iter().map(|(a, _)| a).collect();
         upstreams.push(UpstreamSpec {
+            tls,
             name: uname.as_str().into(),
             targets,
             connect_timeout: c.duration(&format!("{base}.connect_timeout"), &u.connect_timeout),
@@ -228,7 +261,7 @@ pub fn compile(
     #[allow(clippy::disallowed_methods)]
     let loaded_at = SystemTime::now();
     let boot = Boot {
-        listen,
+        listeners,
         admin_listen,
         workers,
         drain_timeout,
@@ -306,7 +339,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
             _ => {}
         }
     }
-    let redis = RedisSettings {
+    let mut redis = RedisSettings {
         url: r.url.clone(),
         mode: r.mode,
         nodes: r.nodes.clone(),
@@ -317,7 +350,24 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
         key_prefix: r.key_prefix.clone(),
         startup_timeout: c.duration("store.redis.startup_timeout", &r.startup_timeout),
         deny_cache: r.deny_cache,
+        tls: r
+            .tls
+            .as_ref()
+            .map(|t| client_tls(c, "store.redis.tls", t, true)),
     };
+    if redis.tls.is_none() && r.url.as_deref().is_some_and(|u| u.starts_with("rediss://")) {
+        // `rediss://` without a `tls` block: the system roots, no client certificate.
+        redis.tls = Some(ClientTls {
+            at: Some(c.at("store.redis.url")),
+            ..ClientTls::default()
+        });
+    }
+    if redis.tls.is_some() && r.url.as_deref().is_some_and(|u| u.starts_with("redis://")) {
+        c.err(
+            "store.redis.tls",
+            "store.redis.tls is used with a rediss:// url (this one is redis://)",
+        );
+    }
     // What the client itself would refuse (fred parses the URL), reported here with a position.
     if s.kind == StoreKind::Redis {
         if let Err(e) = crate::limiter::store::redis::validate(&redis) {
@@ -403,30 +453,142 @@ fn identity_sources(c: &mut Ctx<'_>, s: &file::Identities) -> IdentitySources {
     }
 }
 
-fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<Authority> {
-    let Some(rest) = t.strip_prefix("http://") else {
-        c.err(
-            path,
-            format!("target `{t}` must be http://HOST:PORT (TLS to upstreams is not supported)"),
-        );
-        return None;
+/// `http://HOST[:PORT]` or `https://HOST[:PORT]`: the authority (default port filled in)
+/// and whether it is https.
+fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<(Authority, bool)> {
+    let (rest, https, port) = match (t.strip_prefix("http://"), t.strip_prefix("https://")) {
+        (Some(r), _) => (r, false, 80),
+        (_, Some(r)) => (r, true, 443),
+        _ => {
+            c.err(
+                path,
+                format!("target `{t}` must be http://HOST:PORT or https://HOST:PORT"),
+            );
+            return None;
+        }
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     match rest.parse::<Authority>() {
         Ok(a) if !rest.contains('/') && !rest.contains('@') => {
             if a.port().is_some() {
-                Some(a)
+                Some((a, https))
             } else {
-                format!("{rest}:80").parse().ok()
+                format!("{rest}:{port}").parse().ok().map(|a| (a, https))
             }
         }
         _ => {
             c.err(
                 path,
-                format!("target `{t}` must be http://HOST:PORT with no path"),
+                format!("target `{t}` must be http(s)://HOST:PORT with no path"),
             );
             None
         }
+    }
+}
+
+/// `listen`: one cleartext address, or the list of listeners.
+fn listeners(c: &mut Ctx<'_>, listen: &file::Listen) -> Vec<Listener> {
+    let address = |c: &mut Ctx<'_>, path: &str, a: &str| {
+        a.parse::<SocketAddr>().unwrap_or_else(|_| {
+            c.err(
+                path,
+                format!("invalid listen address `{a}` (expected IP:PORT)"),
+            );
+            SocketAddr::from(([0, 0, 0, 0], 8080))
+        })
+    };
+    let list = match listen {
+        file::Listen::Address(a) => {
+            return vec![Listener {
+                address: address(c, "listen", a),
+                tls: None,
+                proxy_protocol: false,
+            }]
+        }
+        file::Listen::List(l) => l,
+    };
+    if list.is_empty() {
+        c.err("listen", "listen needs at least one listener");
+    }
+    let mut seen = HashSet::new();
+    let mut out = Vec::with_capacity(list.len());
+    for (i, l) in list.iter().enumerate() {
+        let base = format!("listen[{i}]");
+        let addr = address(c, &format!("{base}.address"), &l.address);
+        if !seen.insert(addr) {
+            c.err(
+                &format!("{base}.address"),
+                format!("two listeners on `{addr}`"),
+            );
+        }
+        let tls = l.tls.as_ref().map(|t| {
+            if t.certificates.is_empty() {
+                c.err(
+                    &format!("{base}.tls.certificates"),
+                    "a TLS listener needs at least one certificate",
+                );
+            }
+            let min_version = match t.min_version.as_str() {
+                "1.2" => TlsVersion::V1_2,
+                "1.3" => TlsVersion::V1_3,
+                v => {
+                    c.err(
+                        &format!("{base}.tls.min_version"),
+                        format!("min_version must be \"1.2\" or \"1.3\" (got `{v}`)"),
+                    );
+                    TlsVersion::V1_2
+                }
+            };
+            let certificates = t
+                .certificates
+                .iter()
+                .enumerate()
+                .map(|(j, p)| CertFiles {
+                    cert: c.path(&p.cert),
+                    key: c.path(&p.key),
+                    at: c.at(&format!("{base}.tls.certificates[{j}]")),
+                })
+                .collect();
+            ListenerTls {
+                certificates,
+                min_version,
+            }
+        });
+        out.push(Listener {
+            address: addr,
+            tls,
+            proxy_protocol: l.proxy_protocol,
+        });
+    }
+    out
+}
+
+/// An upstream's `tls`, or `store.redis.tls` (`for_redis`: no SNI override or skip there).
+fn client_tls(c: &mut Ctx<'_>, base: &str, t: &file::ClientTls, for_redis: bool) -> ClientTls {
+    if t.client_cert.is_some() != t.client_key.is_some() {
+        c.err(base, "give both `client_cert` and `client_key`, or neither");
+    }
+    if for_redis && (t.server_name.is_some() || t.insecure_skip_verify) {
+        c.err(
+            base,
+            "store.redis.tls takes `ca`, `client_cert` and `client_key` only",
+        );
+    }
+    if let Some(n) = &t.server_name {
+        if rustls::pki_types::ServerName::try_from(n.as_str()).is_err() {
+            c.err(
+                &format!("{base}.server_name"),
+                format!("`{n}` is not a DNS name or IP address"),
+            );
+        }
+    }
+    ClientTls {
+        ca: t.ca.as_deref().map(|p| c.path(p)),
+        client_cert: t.client_cert.as_deref().map(|p| c.path(p)),
+        client_key: t.client_key.as_deref().map(|p| c.path(p)),
+        server_name: t.server_name.clone(),
+        insecure_skip_verify: t.insecure_skip_verify,
+        at: Some(c.at(base)),
     }
 }
 

@@ -13,8 +13,8 @@ use crate::model::policy::{HeadersMode, OnError, OnMissing, RedisMode, StoreKind
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct File {
-    #[serde(default = "d_listen")]
-    pub listen: String,
+    #[serde(default)]
+    pub listen: Listen,
     #[serde(default = "d_admin_listen")]
     pub admin_listen: String,
     #[serde(default)]
@@ -37,8 +37,81 @@ pub struct File {
     pub routes: Vec<Route>,
 }
 
-fn d_listen() -> String {
-    "0.0.0.0:8080".into()
+/// `listen`: one cleartext address, or a list of listeners (SPEC §9).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Listen {
+    Address(String),
+    List(Vec<Listener>),
+}
+
+impl Default for Listen {
+    fn default() -> Self {
+        Listen::Address("0.0.0.0:8080".into())
+    }
+}
+
+impl<'de> Deserialize<'de> for Listen {
+    /// By hand rather than `untagged`, so a typo inside a listener is reported as itself
+    /// and not as "did not match any variant".
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_yaml::Value::deserialize(d)? {
+            serde_yaml::Value::String(s) => Ok(Listen::Address(s)),
+            v @ serde_yaml::Value::Sequence(_) => serde_yaml::from_value(v)
+                .map(Listen::List)
+                .map_err(|e| D::Error::custom(format!("listen: {e}"))),
+            _ => Err(D::Error::custom(
+                "listen must be an address (IP:PORT) or a list of listeners",
+            )),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Listener {
+    pub address: String,
+    #[serde(default)]
+    pub tls: Option<ListenerTls>,
+    #[serde(default)]
+    pub proxy_protocol: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerTls {
+    pub certificates: Vec<CertPair>,
+    #[serde(default = "d_min_version")]
+    pub min_version: String,
+}
+
+fn d_min_version() -> String {
+    "1.2".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertPair {
+    pub cert: String,
+    pub key: String,
+}
+
+/// TLS to a server: an upstream's `tls`, or `store.redis.tls` (which has no `server_name`
+/// or `insecure_skip_verify`; compile refuses them there).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTls {
+    #[serde(default)]
+    pub ca: Option<String>,
+    #[serde(default)]
+    pub client_cert: Option<String>,
+    #[serde(default)]
+    pub client_key: Option<String>,
+    #[serde(default)]
+    pub server_name: Option<String>,
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
 }
 fn d_admin_listen() -> String {
     "127.0.0.1:9090".into()
@@ -108,6 +181,8 @@ pub struct Redis {
     /// Answer a refusal that certainly still holds without asking Redis again.
     #[serde(default = "d_true")]
     pub deny_cache: bool,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for Redis {
@@ -123,6 +198,7 @@ impl Default for Redis {
             key_prefix: d_prefix(),
             startup_timeout: d_startup_timeout(),
             deny_cache: true,
+            tls: None,
         }
     }
 }
@@ -266,6 +342,8 @@ pub struct Upstream {
     pub connect_timeout: String,
     #[serde(default = "d_up_timeout")]
     pub timeout: String,
+    #[serde(default)]
+    pub tls: Option<ClientTls>,
 }
 
 fn d_connect() -> String {

@@ -118,13 +118,36 @@ pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
 pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, ConfigErrors> {
     let positions = position::Positions::index(text);
     let (boot, table) = compile::compile(name, &file, &positions, version_of(text))?;
-    Ok(Loaded { boot, table, file })
+    // Certificate and key files are read here, so `check`, start and every reload refuse a
+    // pair that does not load at the entry that named it.
+    #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
+    let now = std::time::SystemTime::now();
+    let tls = crate::tls::load(&boot, &table, now)
+        .map_err(|errors| ConfigErrors(errors.into_iter().map(ConfigError::from).collect()))?;
+    Ok(Loaded {
+        boot,
+        table,
+        file,
+        tls,
+    })
 }
 
-/// A loaded config: what only a restart changes, the compiled table the gateway serves, and
-/// the file it came from (what `/admin/config` shows).
+impl From<crate::tls::Located> for ConfigError {
+    fn from(l: crate::tls::Located) -> ConfigError {
+        ConfigError {
+            file: l.at.file,
+            line: l.at.line,
+            col: l.at.col,
+            message: l.message,
+        }
+    }
+}
+
+/// A loaded config: what only a restart changes, the compiled table the gateway serves, the
+/// file it came from (what `/admin/config` shows), and the TLS material its files hold.
 pub struct Loaded {
     pub boot: Boot,
     pub table: Table,
     pub file: file::File,
+    pub tls: crate::tls::Material,
 }

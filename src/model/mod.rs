@@ -9,3 +9,4 @@ pub mod path;
 pub mod policy;
 pub mod route;
 pub mod table;
+pub mod tls;

@@ -12,12 +12,14 @@ use crate::model::identity::{ClientIpRules, IdentitySources};
 use crate::model::path::PathRules;
 use crate::model::policy::{HeadersMode, OnError, RedisMode, StoreKind};
 use crate::model::route::Route;
+use crate::model::tls::{ClientTls, Listener};
 
 /// What only a restart changes: the listeners, the worker threads, the drain and header
 /// deadlines, and the store. Set once at start; a reload that edits them is told so.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Boot {
-    pub listen: SocketAddr,
+    /// Data-plane listeners; their certificate lists are swapped live (the rest is boot).
+    pub listeners: Vec<Listener>,
     pub admin_listen: SocketAddr,
     pub workers: usize,
     pub drain_timeout: Duration,
@@ -34,7 +36,8 @@ impl Boot {
                 v.push(name);
             }
         };
-        check(self.listen != next.listen, "listen");
+        let shapes = |b: &Boot| b.listeners.iter().map(Listener::shape).collect::<Vec<_>>();
+        check(shapes(self) != shapes(next), "listen");
         check(self.admin_listen != next.admin_listen, "admin_listen");
         check(self.workers != next.workers, "workers");
         check(self.drain_timeout != next.drain_timeout, "drain_timeout");
@@ -71,6 +74,8 @@ pub struct UpstreamSpec {
     pub targets: Vec<http::uri::Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// `Some` for `https://` targets (all of an upstream's targets share one scheme).
+    pub tls: Option<ClientTls>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +101,8 @@ pub struct RedisSettings {
     pub startup_timeout: Duration,
     /// Keep Redis's refusals locally while they certainly hold (`limiter::deny`).
     pub deny_cache: bool,
+    /// `store.redis.tls` (its CA and client certificate), used with `rediss://`.
+    pub tls: Option<ClientTls>,
 }
 
 impl Table {

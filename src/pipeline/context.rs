@@ -15,11 +15,37 @@ use super::headers::request_id;
 use super::live::Live;
 use crate::model::outcome::Outcome;
 
+/// What the listener knows about the connection a request came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnInfo {
+    /// The TCP peer.
+    pub peer: SocketAddr,
+    /// The client a PROXY header named (believed only from `trusted_proxies`).
+    pub proxied: Option<SocketAddr>,
+    /// Whether the connection is TLS (`X-Forwarded-Proto: https`).
+    pub tls: bool,
+}
+
+impl ConnInfo {
+    /// A cleartext connection from `peer` (the admin listener, tests).
+    pub fn plain(peer: SocketAddr) -> ConnInfo {
+        ConnInfo {
+            peer,
+            proxied: None,
+            tls: false,
+        }
+    }
+}
+
 pub struct Ctx {
     /// The table this request runs on, start to end, whatever reloads happen meanwhile.
     pub live: Arc<Live>,
     pub started: Instant,
+    /// The peer the request counts as from: the TCP peer, or the client a trusted proxy named
+    /// in a PROXY header.
     pub peer: SocketAddr,
+    /// Whether the request came over TLS.
+    pub tls: bool,
     pub rid: HeaderValue,
     /// The request head, without its target (read once into `uri`).
     pub parts: Parts,
@@ -41,7 +67,20 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(live: Arc<Live>, mut parts: Parts, peer: SocketAddr) -> Ctx {
+    pub fn new(live: Arc<Live>, mut parts: Parts, conn: ConnInfo) -> Ctx {
+        // A PROXY header is only believed from a proxy the operator trusts; from anyone else
+        // it would let a client pick the address its `by: ip` limits count.
+        let peer = match conn.proxied {
+            Some(client)
+                if live
+                    .table
+                    .client_ip
+                    .is_trusted(conn.peer.ip().to_canonical()) =>
+            {
+                client
+            }
+            _ => conn.peer,
+        };
         let uri = std::mem::take(&mut parts.uri);
         let host = uri
             .authority()
@@ -51,6 +90,7 @@ impl Ctx {
             live,
             started: Instant::now(),
             peer,
+            tls: conn.tls,
             rid: request_id::get_or_make(&parts.headers),
             parts,
             uri,

@@ -25,16 +25,24 @@ pub struct Live {
 
 impl Live {
     /// Resolve `table`'s runtime resources, taking over `previous`'s upstream clients where
-    /// the settings are equal.
-    pub fn new(table: Table, file: File, previous: Option<&Live>, metrics: &Metrics) -> Live {
+    /// the settings are equal. `tls` holds the loaded client configuration of each https
+    /// upstream, by index of [`Table::upstreams`].
+    pub fn new(
+        table: Table,
+        file: File,
+        tls: &[Option<Arc<rustls::ClientConfig>>],
+        previous: Option<&Live>,
+        metrics: &Metrics,
+    ) -> Live {
         let upstreams = table
             .upstreams
             .iter()
-            .map(|spec| {
+            .enumerate()
+            .map(|(i, spec)| {
                 previous
                     .and_then(|p| p.upstreams.iter().find(|u| u.spec() == spec))
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(Upstream::new(spec)))
+                    .unwrap_or_else(|| Arc::new(Upstream::new(spec, tls.get(i).cloned().flatten())))
             })
             .collect();
         let routes = table.routes.iter().map(|r| metrics.route(r)).collect();

@@ -22,7 +22,6 @@ pub mod respond;
 pub mod upstream;
 
 use std::borrow::Cow;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -34,7 +33,7 @@ use hyper_util::rt::TokioIo;
 
 use admit::Verdict;
 use body::Body;
-use context::Ctx;
+use context::{ConnInfo, Ctx};
 use headers::request_id::X_REQUEST_ID;
 use headers::{forwarded, hop_by_hop, ratelimit};
 use identify::Identity;
@@ -84,9 +83,9 @@ impl Drop for Inflight {
 }
 
 impl Gateway {
-    pub async fn handle(&self, req: Request<Incoming>, peer: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let (parts, body) = req.into_parts();
-        let mut ctx = Ctx::new(self.live.load_full(), parts, peer);
+        let mut ctx = Ctx::new(self.live.load_full(), parts, conn);
         let res = match self.proxy(&mut ctx, body).await {
             Ok(res) => res,
             Err(e) => {
@@ -267,6 +266,7 @@ impl Gateway {
             peer.ip(),
             table.client_ip.is_trusted(peer.ip().to_canonical()),
             host,
+            ctx.tls,
         );
         // The host the route was matched on (an absolute-form authority wins over `Host`).
         if let Some(h) = host {

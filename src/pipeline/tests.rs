@@ -34,7 +34,7 @@ fn loaded(on_error: &str, limits: &[&str]) -> Loaded {
 }
 
 fn live_of(l: Loaded, metrics: &Metrics) -> Live {
-    Live::new(l.table, l.file, None, metrics)
+    Live::new(l.table, l.file, &l.tls.upstreams, None, metrics)
 }
 
 fn memory() -> Store {
@@ -59,8 +59,9 @@ fn store_down() -> Store {
         key_prefix: "t:".into(),
         startup_timeout: Duration::from_millis(20),
         deny_cache: true,
+        tls: None,
     };
-    Store::Redis(Arc::new(RedisStore::connect(&settings).unwrap()))
+    Store::Redis(Arc::new(RedisStore::connect(&settings, None).unwrap()))
 }
 
 /// The admit phase for one request with `headers`, as `Gateway::admit` runs it.
@@ -293,7 +294,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
         .unwrap()
         .into_parts()
         .0;
-    let mut ctx = Ctx::new(live, parts, (PEER, 1234).into());
+    let mut ctx = Ctx::new(live, parts, ConnInfo::plain((PEER, 1234).into()));
 
     // No route matched: only the request id.
     let res = gw.respond(&ctx, Response::new(body::empty()));

@@ -12,10 +12,12 @@ use http::uri::{Authority, Scheme};
 use http::{HeaderMap, Method, Request, Response, Uri, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
+use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
+use rustls::pki_types::ServerName;
 
 use crate::model::table::UpstreamSpec;
 
@@ -46,7 +48,24 @@ pub struct Upstream {
     spec: UpstreamSpec,
     targets: Vec<Target>,
     next: AtomicUsize,
-    client: Client<HttpConnector, ReplayBody>,
+    client: Pool,
+    scheme: Scheme,
+}
+
+/// The connection pool: cleartext, or TLS through rustls (the plain path pays nothing for
+/// the TLS one).
+enum Pool {
+    Plain(Client<HttpConnector, ReplayBody>),
+    Tls(Client<HttpsConnector<HttpConnector>, ReplayBody>),
+}
+
+impl Pool {
+    fn request(&self, req: Request<ReplayBody>) -> ResponseFuture {
+        match self {
+            Pool::Plain(c) => c.request(req),
+            Pool::Tls(c) => c.request(req),
+        }
+    }
 }
 
 /// What to send upstream, minus the body.
@@ -62,16 +81,38 @@ fn now_ms() -> u64 {
 }
 
 impl Upstream {
-    /// A client with its own connection pool for these settings.
-    pub fn new(spec: &UpstreamSpec) -> Upstream {
+    /// A client with its own connection pool for these settings; `tls` is the loaded client
+    /// configuration of an https upstream.
+    pub fn new(spec: &UpstreamSpec, tls: Option<Arc<rustls::ClientConfig>>) -> Upstream {
         let mut conn = HttpConnector::new();
         conn.set_connect_timeout(Some(spec.connect_timeout));
         conn.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new())
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
             .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(usize::MAX)
-            .build(conn);
+            .pool_max_idle_per_host(usize::MAX);
+        let (client, scheme) = match tls {
+            None => (Pool::Plain(builder.build(conn)), Scheme::HTTP),
+            Some(cfg) => {
+                // hyper-rustls checks the scheme itself: an https target is never sent in
+                // cleartext.
+                conn.enforce_http(false);
+                let https = HttpsConnectorBuilder::new().with_tls_config((*cfg).clone());
+                let https = https.https_only();
+                let https = match spec.tls.as_ref().and_then(|t| t.server_name.clone()) {
+                    Some(name) => match ServerName::try_from(name) {
+                        Ok(n) => https.with_server_name_resolver(FixedServerNameResolver::new(n)),
+                        // Refused by config already; the target's host stands.
+                        Err(_) => https,
+                    },
+                    None => https,
+                };
+                let https = https.enable_http1().wrap_connector(conn);
+                (Pool::Tls(builder.build(https)), Scheme::HTTPS)
+            }
+        };
         Upstream {
+            scheme,
             spec: spec.clone(),
             targets: spec
                 .targets
@@ -117,7 +158,7 @@ impl Upstream {
         for (attempt, i) in order.enumerate() {
             let target = &self.targets[i];
             let uri = Uri::builder()
-                .scheme(Scheme::HTTP)
+                .scheme(self.scheme.clone())
                 .authority(target.authority.clone())
                 .path_and_query(out.path_and_query.as_str())
                 .build()

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 
 use super::Runtime;
 use super::{reload, server};
@@ -16,17 +17,27 @@ use crate::limiter::store::memory::{Clock, MemoryStore};
 use crate::limiter::store::redis::RedisStore;
 use crate::limiter::store::Store;
 use crate::model::policy::StoreKind;
+use crate::pipeline::context::ConnInfo;
 use crate::pipeline::live::Live;
 use crate::pipeline::Gateway;
 use crate::telemetry::metrics::Metrics;
+use crate::tls;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
 pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
-    let Loaded { boot, table, file } = loaded;
+    let Loaded {
+        boot,
+        table,
+        file,
+        tls,
+    } = loaded;
+    for w in &tls.warnings {
+        tracing::warn!("{}", crate::config::ConfigError::from(w.clone()));
+    }
     let local = Arc::new(MemoryStore::new(boot.store.memory_max_keys, Clock::System));
     let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),
-        StoreKind::Redis => match RedisStore::connect(&boot.store.redis) {
+        StoreKind::Redis => match RedisStore::connect(&boot.store.redis, tls.redis.clone()) {
             Ok(r) => Store::Redis(Arc::new(r)),
             Err(e) => {
                 // Config loading already ran these settings through fred (store::redis::validate),
@@ -41,7 +52,7 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         (matches!(store, Store::Redis(_)) && boot.store.redis.deny_cache).then(DenyCache::default);
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
-    let live = Live::new(table, file, None, &metrics);
+    let live = Live::new(table, file, &tls.upstreams, None, &metrics);
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store_metrics: metrics.store(store.label()),
@@ -50,26 +61,22 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         local,
         metrics,
     };
-    Arc::new(Runtime::new(gateway, boot, config_path))
+    Arc::new(Runtime::new(gateway, boot, config_path, tls.listeners))
 }
 
 /// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.
 pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let boot = &loaded.boot;
-    let (listen, admin_listen) = (boot.listen, boot.admin_listen);
+    let admin_listen = boot.admin_listen;
     let (drain, header_timeout) = (boot.drain_timeout, boot.client_header_timeout);
     let startup_timeout = boot.store.redis.startup_timeout;
     let gw = gateway(loaded, config_path).await;
     // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
     // accepts must reload or drain, not kill the process by the default action.
     let shutdown = shutdown_signal();
-    let _watcher = match reload::spawn_watchers(gw.clone()) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
-            None
-        }
-    };
+    if let Err(e) = reload::spawn_watchers(gw.clone()) {
+        tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
+    }
 
     // The admin listener opens first, so probes see `/readyz` answer 503 while the store
     // connects.
@@ -84,7 +91,8 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let g = gw.clone();
     let admin_task = tokio::spawn(server::serve(
         admin,
-        move |req, peer| admin::handle(g.clone(), req, peer),
+        server::Accept::default(),
+        move |req, conn: ConnInfo| admin::handle(g.clone(), req, conn.peer),
         header_timeout,
         stop_rx.clone(),
         Duration::from_secs(1),
@@ -105,14 +113,40 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         ),
     }
 
-    let data = match TcpListener::bind(listen).await {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::error!(%listen, error = %e, "cannot listen");
-            return 1;
-        }
-    };
-    tracing::info!(listen = %data.local_addr().map_or(listen, |a| a), admin = %admin_listen, version = %gw.live.load().table.version, "sluice serving");
+    // Every data listener binds before any serves: one that cannot bind fails the start.
+    let mut data = Vec::with_capacity(gw.boot.listeners.len());
+    for (l, certs) in gw.boot.listeners.iter().zip(&gw.certificates) {
+        let socket = match TcpListener::bind(l.address).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(listen = %l.address, error = %e, "cannot listen");
+                return 1;
+            }
+        };
+        let tls = match (&l.tls, certs) {
+            (Some(t), Some(resolver)) => match tls::server::config(resolver.clone(), t.min_version)
+            {
+                Ok(cfg) => Some(TlsAcceptor::from(Arc::new(cfg))),
+                Err(e) => {
+                    tracing::error!(listen = %l.address, error = %e, "cannot set up TLS");
+                    return 1;
+                }
+            },
+            _ => None,
+        };
+        tracing::info!(
+            listen = %socket.local_addr().map_or(l.address, |a| a),
+            tls = tls.is_some(),
+            proxy_protocol = l.proxy_protocol,
+            "listening"
+        );
+        let accept = server::Accept {
+            tls,
+            proxy_protocol: l.proxy_protocol,
+        };
+        data.push((socket, accept));
+    }
+    tracing::info!(admin = %admin_listen, version = %gw.live.load().table.version, "sluice serving");
 
     let sweeper = gw.gateway.clone();
     tokio::spawn(async move {
@@ -126,17 +160,24 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         }
     });
 
-    let g = gw.clone();
-    let data_task = tokio::spawn(server::serve(
-        data,
-        move |req, peer| {
-            let g = g.clone();
-            async move { g.handle(req, peer).await }
-        },
-        header_timeout,
-        stop_rx,
-        drain,
-    ));
+    let data_tasks: Vec<_> = data
+        .into_iter()
+        .map(|(socket, accept)| {
+            let g = gw.clone();
+            tokio::spawn(server::serve(
+                socket,
+                accept,
+                move |req, conn| {
+                    let g = g.clone();
+                    async move { g.handle(req, conn).await }
+                },
+                header_timeout,
+                stop_rx.clone(),
+                drain,
+            ))
+        })
+        .collect();
+    drop(stop_rx);
 
     shutdown.await;
     tracing::info!(
@@ -144,7 +185,10 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         "shutting down: no new connections, draining in-flight requests"
     );
     let _ = stop_tx.send(true);
-    let _ = tokio::join!(data_task, admin_task);
+    for t in data_tasks {
+        let _ = t.await;
+    }
+    let _ = admin_task.await;
     tracing::info!("bye");
     0
 }

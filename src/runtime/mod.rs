@@ -1,4 +1,5 @@
-//! The running process: boot (`app`), listeners (`server`), and live reload (`reload`).
+//! The running process: boot (`app`), listeners (`server`, with `proxy_protocol` ahead of
+//! TLS), and live reload (`reload`, certificates included).
 
 pub mod app;
 pub mod proxy_protocol;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 use crate::model::table::Boot;
 use crate::pipeline::Gateway;
+use crate::tls::server::{CertSet, Resolver};
 
 /// The running process around the request pipeline: the gateway every listener serves, and
 /// what live reload needs (the config file and what was last seen of it).
@@ -20,22 +22,54 @@ pub struct Runtime {
     pub config_path: PathBuf,
     /// Reloads run one at a time.
     reload_lock: parking_lot::Mutex<()>,
-    /// Hash of the config content last seen by a file event (to ignore no-op events).
+    /// Hash of the config content and the certificate files it names, last seen by a file
+    /// event (to ignore no-op events).
     last_seen: parking_lot::Mutex<String>,
+    /// By index of `boot.listeners`: what new TLS handshakes are served (`None`: cleartext).
+    pub certificates: Vec<Option<Arc<Resolver>>>,
+    /// The certificate and key files the running config names (watched, fingerprinted).
+    cert_files: parking_lot::Mutex<Vec<PathBuf>>,
+    /// The file watcher, kept here so reloads can add certificate directories to it.
+    watcher: parking_lot::Mutex<Option<notify::RecommendedWatcher>>,
 }
 
 impl Runtime {
-    pub fn new(gateway: Gateway, boot: Boot, config_path: PathBuf) -> Runtime {
-        let last_seen = std::fs::read_to_string(&config_path)
-            .map(|t| crate::config::version_of(&t))
-            .unwrap_or_default();
-        Runtime {
+    /// `certificates`: the loaded set of each listener of `boot` (`None` for cleartext).
+    pub fn new(
+        gateway: Gateway,
+        boot: Boot,
+        config_path: PathBuf,
+        certificates: Vec<Option<Arc<CertSet>>>,
+    ) -> Runtime {
+        let last_seen = reload::fingerprint(&config_path, &boot);
+        let rt = Runtime {
+            cert_files: parking_lot::Mutex::new(reload::cert_files(&boot)),
+            watcher: Default::default(),
             gateway: Arc::new(gateway),
+            certificates: certificates
+                .into_iter()
+                .map(|c| c.map(|set| Arc::new(Resolver::new(set))))
+                .collect(),
             boot,
             config_path,
             reload_lock: Default::default(),
             last_seen: parking_lot::Mutex::new(last_seen),
+        };
+        rt.publish_certificates();
+        rt
+    }
+
+    /// Set `sluice_tls_certificate_expiry_timestamp_seconds` to what the listeners serve.
+    fn publish_certificates(&self) {
+        let mut certs = Vec::new();
+        for (l, r) in self.boot.listeners.iter().zip(&self.certificates) {
+            if let Some(r) = r {
+                for info in &r.current().infos {
+                    certs.push((l.label(), info.name.clone(), info.not_after));
+                }
+            }
         }
+        self.metrics.set_certificates(&certs);
     }
 }
 

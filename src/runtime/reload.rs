@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
 
 use super::Runtime;
 use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
+use crate::model::table::Boot;
 use crate::pipeline::live::Live;
 
 /// How long a file that does not parse is given to finish being written (see [`reload`]).
@@ -60,9 +62,10 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         }
     }
     if trigger == Trigger::File {
-        // Editors write several events per save: act only when the content really changed.
-        let hash = text.as_deref().map(config::version_of).unwrap_or_default();
+        // Editors write several events per save, and a directory holds more than the config:
+        // act only when the config or a certificate file it names really changed.
         let mut last = gw.last_seen.lock();
+        let hash = fingerprint_of(text.as_deref().unwrap_or(""), &gw.cert_files.lock());
         if *last == hash {
             return Ok(gw.live.load().table.version.clone());
         }
@@ -79,7 +82,17 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         }
         config::compile_file(&name, &text, file)
     });
-    let result = result.map(|t| apply(gw, t));
+    let result = result.map(|loaded| {
+        let files = cert_files(&loaded.boot);
+        let version = apply(gw, loaded);
+        // What the next file event is compared with, and which directories it may come from.
+        if let Ok(text) = std::fs::read_to_string(&gw.config_path) {
+            *gw.last_seen.lock() = fingerprint_of(&text, &files);
+        }
+        watch_cert_dirs(gw, &files);
+        *gw.cert_files.lock() = files;
+        version
+    });
     match &result {
         Ok(v) => {
             gw.metrics.reloads.with_label_values(&["success"]).inc();
@@ -101,7 +114,11 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         boot,
         table: new,
         file: mut new_file,
+        tls,
     } = loaded;
+    for w in &tls.warnings {
+        tracing::warn!("{}", crate::config::ConfigError::from(w.clone()));
+    }
     let old_live = gw.live.load_full();
     let old = &old_live.table;
     let restart = gw.boot.changed(&boot);
@@ -137,9 +154,24 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     gw.live.store(Arc::new(Live::new(
         new,
         new_file,
+        &tls.upstreams,
         Some(&old_live),
         &gw.metrics,
     )));
+    // New handshakes get the new certificates; open connections keep theirs. A listener is
+    // matched by address (one whose TLS was switched on or off waits for a restart).
+    for (running, resolver) in gw.boot.listeners.iter().zip(&gw.certificates) {
+        let Some(resolver) = resolver else { continue };
+        let loaded = boot
+            .listeners
+            .iter()
+            .zip(&tls.listeners)
+            .find(|(l, _)| l.address == running.address);
+        if let Some((_, Some(set))) = loaded {
+            resolver.swap(set.clone());
+        }
+    }
+    gw.publish_certificates();
     // A rate edit keeps a limit's keys but changes what they admit.
     if let Some(deny) = &gw.deny {
         deny.clear();
@@ -149,8 +181,52 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     version
 }
 
-/// Watch the config file's directory and SIGHUP; reload on either until the process ends.
-pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<notify::RecommendedWatcher> {
+/// The certificate and key files `boot`'s listeners name.
+pub fn cert_files(boot: &Boot) -> Vec<PathBuf> {
+    boot.listeners
+        .iter()
+        .filter_map(|l| l.tls.as_ref())
+        .flat_map(|t| &t.certificates)
+        .flat_map(|c| [c.cert.clone(), c.key.clone()])
+        .collect()
+}
+
+/// A hash of the config at `path` and of every certificate file `boot` names.
+pub fn fingerprint(path: &Path, boot: &Boot) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    fingerprint_of(&text, &cert_files(boot))
+}
+
+/// A hash of `text` and the bytes of `files` (a file that cannot be read counts as empty:
+/// its coming back is a change).
+fn fingerprint_of(text: &str, files: &[PathBuf]) -> String {
+    let mut h = Sha256::new();
+    h.update(text.as_bytes());
+    for f in files {
+        h.update(f.as_os_str().as_encoded_bytes());
+        h.update(std::fs::read(f).unwrap_or_default());
+    }
+    h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Watch the directories of `files` too (certificates may live apart from the config;
+/// watching a directory twice is harmless).
+fn watch_cert_dirs(gw: &Runtime, files: &[PathBuf]) {
+    let mut watcher = gw.watcher.lock();
+    let Some(w) = watcher.as_mut() else { return };
+    for dir in files.iter().map(|f| watch_dir(f)) {
+        if let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive) {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a certificate directory; rotate with SIGHUP or POST /admin/reload");
+        }
+    }
+}
+
+/// Watch the config file's directory (and those of the certificates it names) and SIGHUP;
+/// reload on either until the process ends.
+pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if ev.is_ok_and(|e| !e.kind.is_access()) {
@@ -158,6 +234,8 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<notify::RecommendedWat
         }
     })?;
     watcher.watch(&watch_dir(&gw.config_path), RecursiveMode::NonRecursive)?;
+    *gw.watcher.lock() = Some(watcher);
+    watch_cert_dirs(&gw, &gw.cert_files.lock().clone());
     let file_gw = gw.clone();
     tokio::spawn(async move {
         while rx.recv().await.is_some() {
@@ -177,7 +255,7 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<notify::RecommendedWat
             let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::Signal)).await;
         }
     });
-    Ok(watcher)
+    Ok(())
 }
 
 fn watch_dir(path: &Path) -> PathBuf {

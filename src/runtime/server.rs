@@ -1,5 +1,6 @@
-//! Listeners: accept connections, serve HTTP/1.1 and h2c (with upgrades), and drain
-//! gracefully on shutdown.
+//! Listeners: accept connections (a PROXY header and a TLS handshake first where the listener
+//! asks for them), serve HTTP/1.1 and HTTP/2 (h2c in cleartext, ALPN over TLS, upgrades
+//! included), and drain gracefully on shutdown.
 
 use std::any::Any;
 use std::convert::Infallible;
@@ -17,9 +18,13 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+
+use super::proxy_protocol::{self, Proxied};
+use crate::pipeline::context::ConnInfo;
 
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
@@ -81,16 +86,25 @@ fn panicked(
     res
 }
 
+/// How a listener's connections are opened before HTTP: a PROXY header first, then TLS.
+#[derive(Clone, Default)]
+pub struct Accept {
+    pub tls: Option<TlsAcceptor>,
+    pub proxy_protocol: bool,
+}
+
 /// Serve `listener` with `handler` until `stop` flips, then give in-flight requests up to
-/// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head.
+/// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head
+/// (and bounds the PROXY header and the TLS handshake).
 pub async fn serve<H, F>(
     listener: TcpListener,
+    accept: Accept,
     handler: H,
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
 ) where
-    H: Fn(Request<Incoming>, SocketAddr) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -118,30 +132,18 @@ pub async fn serve<H, F>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let h = handler.clone();
-                let svc = service_fn(move |req: Request<Incoming>| {
-                    let h = h.clone();
-                    // What the panic log and answer need, taken before the handler owns `req`.
-                    let (method, uri) = (req.method().clone(), req.uri().clone());
-                    let client_rid = req.headers().get(X_REQUEST_ID).cloned();
-                    async move {
-                        // The handler call itself is inside the caught future, so a panic
-                        // while building the future is caught as well as one while polling it.
-                        let res = match AssertUnwindSafe(async move { h(req, peer).await })
-                            .catch_unwind()
-                            .await
-                        {
-                            Ok(res) => res,
-                            Err(p) => panicked(&*p, &method, &uri, peer, client_rid),
-                        };
-                        Ok::<_, Infallible>(res)
-                    }
-                });
-                let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
-                let fut = graceful.watch(conn);
-                tokio::spawn(async move {
-                    let _ = fut.await;
-                });
+                let conn = Connection {
+                    builder: builder.clone(),
+                    handler: handler.clone(),
+                    graceful: graceful.watcher(),
+                };
+                if accept.tls.is_none() && !accept.proxy_protocol {
+                    // The plain path: no extra task hop, no handshake.
+                    let info = ConnInfo { peer, proxied: None, tls: false };
+                    tokio::spawn(conn.serve(stream, info));
+                } else {
+                    tokio::spawn(conn.open(stream, peer, accept.clone(), header_timeout));
+                }
             }
             _ = stop.changed() => break,
         }
@@ -150,5 +152,85 @@ pub async fn serve<H, F>(
     tokio::select! {
         _ = graceful.shutdown() => tracing::info!("all connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "drain deadline passed; closing remaining connections"),
+    }
+}
+
+/// One accepted connection and what serving it needs.
+struct Connection<H> {
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    handler: H,
+    graceful: Watcher,
+}
+
+impl<H, F> Connection<H>
+where
+    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
+    F: Future<Output = Response<Body>> + Send + 'static,
+{
+    /// Read the PROXY header and/or complete the TLS handshake, then serve HTTP. A connection
+    /// that fails either is closed without an answer (there is no HTTP to answer in yet).
+    async fn open(self, mut stream: TcpStream, peer: SocketAddr, accept: Accept, limit: Duration) {
+        let mut proxied = None;
+        if accept.proxy_protocol {
+            match proxy_protocol::read_header(&mut stream, limit).await {
+                Ok(Proxied::Client(addr)) => proxied = Some(addr),
+                Ok(Proxied::Local) => {}
+                Err(e) => {
+                    tracing::debug!(%peer, error = %e, "PROXY header refused; connection closed");
+                    return;
+                }
+            }
+        }
+        let Some(acceptor) = accept.tls else {
+            let info = ConnInfo {
+                peer,
+                proxied,
+                tls: false,
+            };
+            return self.serve(stream, info).await;
+        };
+        match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+            Ok(Ok(tls)) => {
+                let info = ConnInfo {
+                    peer,
+                    proxied,
+                    tls: true,
+                };
+                self.serve(tls, info).await
+            }
+            Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+            Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+        }
+    }
+
+    /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`.
+    async fn serve<IO>(self, io: IO, info: ConnInfo)
+    where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        let h = self.handler;
+        let svc = service_fn(move |req: Request<Incoming>| {
+            let h = h.clone();
+            // What the panic log and answer need, taken before the handler owns `req`.
+            let (method, uri) = (req.method().clone(), req.uri().clone());
+            let client_rid = req.headers().get(X_REQUEST_ID).cloned();
+            async move {
+                // The handler call itself is inside the caught future, so a panic while
+                // building the future is caught as well as one while polling it.
+                let res = match AssertUnwindSafe(async move { h(req, info).await })
+                    .catch_unwind()
+                    .await
+                {
+                    Ok(res) => res,
+                    Err(p) => panicked(&*p, &method, &uri, info.peer, client_rid),
+                };
+                Ok::<_, Infallible>(res)
+            }
+        });
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(io), svc)
+            .into_owned();
+        let _ = self.graceful.watch(conn).await;
     }
 }

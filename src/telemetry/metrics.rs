@@ -21,6 +21,7 @@ pub struct Metrics {
     pub inflight: IntGaugeVec,
     pub reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
+    pub tls_expiry: IntGaugeVec,
 }
 
 /// Request latency buckets: 0.5 ms to 10 s.
@@ -108,6 +109,11 @@ impl Metrics {
                 "sluice_config_info",
                 "The loaded config's version (always 1).",
                 &["version"],
+            ),
+            tls_expiry: gauge(
+                "sluice_tls_certificate_expiry_timestamp_seconds",
+                "Each served certificate's notAfter as a Unix time, by listener and first DNS name.",
+                &["listener", "cert"],
             ),
             registry,
         };
@@ -197,6 +203,17 @@ impl Metrics {
             let _ = self.config_info.remove_label_values(&[old]);
         }
         self.config_info.with_label_values(&[new]).set(1);
+    }
+
+    /// The certificates each TLS listener now serves: `(listener, cert name, notAfter)`.
+    /// Series of certificates no longer served are removed.
+    pub fn set_certificates(&self, certs: &[(String, String, i64)]) {
+        self.tls_expiry.reset();
+        for (listener, name, not_after) in certs {
+            self.tls_expiry
+                .with_label_values(&[listener, name])
+                .set(*not_after);
+        }
     }
 
     /// Forget the series of routes and limits that a reload removed (the label values are

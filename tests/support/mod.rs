@@ -4,6 +4,7 @@
 // Shared by every test crate through `mod support;`: `pub` is how they reach it.
 #![allow(unreachable_pub)]
 
+pub mod certs;
 pub mod raw;
 pub mod redis;
 pub mod upstream;
@@ -30,6 +31,20 @@ pub fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// The config file for `yaml`: `listen` (the cleartext `addr`) and `admin_listen` are added,
+/// unless `yaml` starts with its own `listen:` list, where `{ADDR}` names `addr` (the
+/// listener the harness waits for).
+fn config_text(yaml: &str, addr: SocketAddr, admin_listen: SocketAddr) -> String {
+    if yaml.starts_with("listen:") {
+        format!(
+            "admin_listen: {admin_listen}\n{}",
+            yaml.replace("{ADDR}", &addr.to_string())
+        )
+    } else {
+        format!("listen: {addr}\nadmin_listen: {admin_listen}\n{yaml}")
+    }
 }
 
 /// A running `sluice run` process. SIGTERM on drop.
@@ -90,8 +105,7 @@ impl Sluice {
         let admin: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let admin_listen: SocketAddr = format!("{admin_ip}:{port}").parse().unwrap();
         let config_path = dir.path().join("sluice.yaml");
-        let text = format!("listen: {addr}\nadmin_listen: {admin_listen}\n{yaml}");
-        std::fs::write(&config_path, text).unwrap();
+        std::fs::write(&config_path, config_text(yaml, addr, admin_listen)).unwrap();
         let mut s = Sluice {
             child: None,
             addr,
@@ -174,10 +188,7 @@ impl Sluice {
 
     /// Replace the config file's content (keeping the listen addresses) in place.
     pub fn rewrite_config(&self, yaml: &str) {
-        let text = format!(
-            "listen: {}\nadmin_listen: {}\n{yaml}",
-            self.addr, self.admin_listen
-        );
+        let text = config_text(yaml, self.addr, self.admin_listen);
         let mut f = std::fs::OpenOptions::new()
             .write(true)
             .truncate(true)
@@ -189,10 +200,7 @@ impl Sluice {
     /// Replace the config file atomically (write a sibling, rename over), as editors and
     /// config-management tools do: a reload never sees a half-written file.
     pub fn replace_config(&self, yaml: &str) {
-        let text = format!(
-            "listen: {}\nadmin_listen: {}\n{yaml}",
-            self.addr, self.admin_listen
-        );
+        let text = config_text(yaml, self.addr, self.admin_listen);
         let tmp = self.dir.path().join(".sluice.yaml.tmp");
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, &self.config_path).unwrap();

@@ -22,11 +22,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
 use fred::types::config::Server;
 use fred::types::config::{ClusterDiscoveryPolicy, Options, ReconnectPolicy, ServerConfig};
+use fred::types::config::{TlsConfig, TlsConnector, TlsHostMapping};
 use futures_util::future::try_join_all;
 
 use super::breaker::Breaker;
@@ -151,8 +153,20 @@ fn is_noscript(e: &Error) -> bool {
 impl RedisStore {
     /// Create the pool and start connecting in the background; never waits for Redis (a
     /// gateway whose Redis is down still starts, and serves per `on_error`).
-    pub fn connect(s: &RedisSettings) -> Result<RedisStore, StoreError> {
-        let cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
+    /// `tls`: the loaded client configuration for `rediss://` (or `store.redis.tls`).
+    pub fn connect(
+        s: &RedisSettings,
+        tls: Option<Arc<rustls::ClientConfig>>,
+    ) -> Result<RedisStore, StoreError> {
+        let mut cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
+        if let Some(tls) = tls {
+            // Ours rather than fred's default for `rediss://`: the configured CA and client
+            // certificate, the same ring provider as everywhere else.
+            cfg.tls = Some(TlsConfig {
+                connector: TlsConnector::from((*tls).clone()),
+                hostnames: TlsHostMapping::None,
+            });
+        }
         let pool = Builder::from_config(cfg)
             .with_connection_config(|c| {
                 c.max_command_attempts = 1;
@@ -387,6 +401,7 @@ mod tests {
             key_prefix: "sluice:".into(),
             startup_timeout: Duration::from_secs(5),
             deny_cache: true,
+            tls: None,
         }
     }
 

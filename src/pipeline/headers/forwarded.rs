@@ -10,12 +10,14 @@ pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// `host` is the request's authority (Host header, or `:authority` for HTTP/2).
+/// `host` is the request's authority (Host header, or `:authority` for HTTP/2); `tls`
+/// whether the request reached the gateway over TLS.
 pub fn apply(
     headers: &mut HeaderMap,
     peer: IpAddr,
     peer_trusted: bool,
     host: Option<&HeaderValue>,
+    tls: bool,
 ) {
     let peer = peer.to_canonical().to_string();
     let mut joined: Vec<u8> = Vec::new();
@@ -33,7 +35,8 @@ pub fn apply(
         headers.insert(XFF, v);
     }
     if !(peer_trusted && headers.contains_key(&XFP)) {
-        headers.insert(XFP, HeaderValue::from_static("http"));
+        let proto = if tls { "https" } else { "http" };
+        headers.insert(XFP, HeaderValue::from_static(proto));
     }
     if !(peer_trusted && headers.contains_key(&XFH)) {
         match host.or_else(|| headers.get(HOST)).cloned() {
@@ -55,7 +58,7 @@ mod tests {
         h.append(XFF, HeaderValue::from_static("2.2.2.2"));
         h.insert(XFP, HeaderValue::from_static("https"));
         h.insert(XFH, HeaderValue::from_static("spoofed"));
-        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None);
+        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None, false);
         assert_eq!(h.get(XFF).unwrap(), "1.1.1.1, 2.2.2.2, 9.9.9.9");
         assert_eq!(h.get_all(XFF).iter().count(), 1);
         assert_eq!(
@@ -64,6 +67,26 @@ mod tests {
             "untrusted peer cannot claim https"
         );
         assert_eq!(h.get(XFH).unwrap(), "api.example.com");
+    }
+
+    #[test]
+    fn tls_sets_https_unless_a_trusted_proxy_said_otherwise() {
+        let mut h = HeaderMap::new();
+        h.insert(XFP, HeaderValue::from_static("http"));
+        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None, true);
+        assert_eq!(
+            h.get(XFP).unwrap(),
+            "https",
+            "an untrusted client's value is replaced"
+        );
+        let mut h = HeaderMap::new();
+        h.insert(XFP, HeaderValue::from_static("http"));
+        apply(&mut h, "10.0.0.1".parse().unwrap(), true, None, true);
+        assert_eq!(
+            h.get(XFP).unwrap(),
+            "http",
+            "a trusted proxy's value is kept"
+        );
     }
 
     #[test]
@@ -76,6 +99,7 @@ mod tests {
             "::ffff:127.0.0.1".parse().unwrap(),
             true,
             Some(&HeaderValue::from_static("internal")),
+            false,
         );
         assert_eq!(h.get(XFF).unwrap(), "127.0.0.1");
         assert_eq!(h.get(XFP).unwrap(), "https");
@@ -90,6 +114,7 @@ mod tests {
             "::1".parse().unwrap(),
             false,
             Some(&HeaderValue::from_static("h2.example.com")),
+            false,
         );
         assert_eq!(h.get(XFF).unwrap(), "::1");
         assert_eq!(h.get(XFH).unwrap(), "h2.example.com");

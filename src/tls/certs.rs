@@ -1,0 +1,131 @@
+//! Reading PEM certificate chains and keys, and what the gateway reports about a certificate:
+//! its name (first DNS name, for metrics and logs), the names SNI may choose it by, notAfter.
+
+use std::path::Path;
+use std::time::SystemTime;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::sign::CertifiedKey;
+
+use super::TlsError;
+
+/// A chain from a PEM file (end-entity certificate first).
+pub fn read_chain(
+    path: &Path,
+    what: &'static str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = read(path, what)?;
+    let chain = CertificateDer::pem_slice_iter(&bytes)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TlsError::BadCertificate {
+            path: path.display().to_string(),
+            error: e.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::Empty {
+            what,
+            path: path.display().to_string(),
+            expected: "CERTIFICATE",
+        });
+    }
+    Ok(chain)
+}
+
+/// A private key from a PEM file (PKCS#8, PKCS#1 or SEC1).
+pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    let bytes = read(path, "key")?;
+    PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| TlsError::Empty {
+        what: "key",
+        path: path.display().to_string(),
+        expected: "PRIVATE KEY",
+    })
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|e| TlsError::Read {
+        what,
+        path: path.display().to_string(),
+        error: e.to_string(),
+    })
+}
+
+/// What the gateway knows about one loaded pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertInfo {
+    /// The first DNS name (else the subject's CN, else `-`): the `cert` metric label.
+    pub name: String,
+    /// DNS names SNI may choose this pair by, lower-case (`*.example.com` included as is).
+    pub dns_names: Vec<String>,
+    /// notAfter as Unix seconds.
+    pub not_after: i64,
+}
+
+impl CertInfo {
+    pub fn parse(der: &CertificateDer<'_>, path: &Path) -> Result<CertInfo, TlsError> {
+        let (_, cert) =
+            x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::BadCertificate {
+                path: path.display().to_string(),
+                error: e.to_string(),
+            })?;
+        let mut dns_names = Vec::new();
+        if let Ok(Some(san)) = cert.subject_alternative_name() {
+            for n in &san.value.general_names {
+                if let x509_parser::extensions::GeneralName::DNSName(d) = n {
+                    dns_names.push(d.to_ascii_lowercase());
+                }
+            }
+        }
+        let cn = cert
+            .subject()
+            .iter_common_name()
+            .next()
+            .and_then(|c| c.as_str().ok())
+            .map(str::to_ascii_lowercase);
+        let name = dns_names
+            .first()
+            .cloned()
+            .or(cn)
+            .unwrap_or_else(|| "-".into());
+        Ok(CertInfo {
+            name,
+            dns_names,
+            not_after: cert.validity().not_after.timestamp(),
+        })
+    }
+
+    /// Seconds left at `now` (negative once expired).
+    pub fn seconds_left(&self, now: SystemTime) -> i64 {
+        let now = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        self.not_after - now
+    }
+}
+
+/// Load one certificate/key pair: both readable, the key the certificate's, not expired at
+/// `now`.
+pub fn load_pair(
+    cert: &Path,
+    key: &Path,
+    now: SystemTime,
+) -> Result<(CertifiedKey, CertInfo), TlsError> {
+    let chain = read_chain(cert, "certificate")?;
+    let info = CertInfo::parse(&chain[0], cert)?;
+    let der = read_key(key)?;
+    let certified = CertifiedKey::from_der(chain, der, &super::provider()).map_err(|e| {
+        TlsError::KeyMismatch {
+            cert: cert.display().to_string(),
+            key: key.display().to_string(),
+            error: e.to_string(),
+        }
+    })?;
+    if info.seconds_left(now) <= 0 {
+        return Err(TlsError::Expired {
+            path: cert.display().to_string(),
+            name: info.name,
+            not_after: info.not_after,
+        });
+    }
+    Ok((certified, info))
+}
