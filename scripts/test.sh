@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Run the whole test suite: installs what the tests need (real redis-server, redis-sentinel,
-# prometheus, faketime), then formatting, clippy and every test.
+# prometheus, faketime, curl, openssl), then formatting, clippy and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for bin in redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel prometheus:prometheus faketime:faketime; do
+for bin in redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel prometheus:prometheus faketime:faketime curl:curl openssl:openssl; do
   command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

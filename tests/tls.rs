@@ -1,0 +1,789 @@
+//! TLS listeners through the real binary: curl over HTTP/1.1 and HTTP/2, `openssl s_client`
+//! for SNI, ALPN and versions, certificates rotated under load (rename-over and Kubernetes
+//! symlink swaps) with zero failed requests, pairs that do not load refused at their entry,
+//! the expiry gauge, and PROXY protocol in front of cleartext and TLS.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use rustls::pki_types::{CertificateDer, ServerName};
+use support::certs::{Ca, Pair};
+use support::{client, eventually, free_port, metric, Sluice, Upstream};
+
+/// A gateway with a cleartext listener (`{ADDR}`) and a TLS one on `tls_port`.
+fn config(up: &Upstream, tls_port: u16, tls: &str, extra: &str) -> String {
+    format!(
+        "listen:
+  - address: {{ADDR}}
+  - address: 127.0.0.1:{tls_port}
+    tls:
+{tls}
+upstreams:
+  up: {{ targets: [\"{}\"] }}
+routes:
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+{extra}",
+        up.url()
+    )
+}
+
+fn certificates(pairs: &[&Pair]) -> String {
+    let mut s = String::from("      certificates:\n");
+    for p in pairs {
+        s += &format!(
+            "        - {{ cert: {}, key: {} }}\n",
+            p.cert.display(),
+            p.key.display()
+        );
+    }
+    s
+}
+
+fn need(tool: &str, package: &str) {
+    let found = Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {tool}"))
+        .output()
+        .is_ok_and(|o| o.status.success());
+    assert!(found, "`{tool}` is needed: apt-get install -y {package}");
+}
+
+/// curl through the TLS listener: `(status, http_version, body)`.
+fn curl(args: &[&str], url: &str) -> (String, String, String) {
+    need("curl", "curl");
+    let out = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "10",
+            "-w",
+            "\n%{http_code} %{http_version}",
+        ])
+        .args(args)
+        .arg(url)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let (body, tail) = text.rsplit_once('\n').unwrap_or(("", &text));
+    let (code, version) = tail.split_once(' ').unwrap_or((tail, ""));
+    assert!(
+        out.status.success(),
+        "curl {args:?} {url} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (code.to_string(), version.to_string(), body.to_string())
+}
+
+#[test]
+fn https_over_http1_and_http2_beside_cleartext() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let api = ca.leaf(dir.path(), "api", &["localhost"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    let gw = Sluice::start(&config(&up, port, &certificates(&[&api]), ""));
+    let url = format!("https://localhost:{port}/hello");
+    let resolve = format!("localhost:{port}:127.0.0.1");
+    let ca_arg = ca_pem.to_str().unwrap();
+
+    let (code, version, body) = curl(
+        &["--http1.1", "--cacert", ca_arg, "--resolve", &resolve],
+        &url,
+    );
+    assert_eq!((code.as_str(), version.as_str()), ("200", "1.1"));
+    let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echoed["headers"]["x-forwarded-proto"][0], "https", "{echoed}");
+
+    let (code, version, body) = curl(
+        &["--http2", "--cacert", ca_arg, "--resolve", &resolve],
+        &url,
+    );
+    assert_eq!((code.as_str(), version.as_str()), ("200", "2"), "ALPN h2");
+    let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echoed["headers"]["x-forwarded-proto"][0], "https");
+
+    // The cleartext listener beside it says http, and a client that does not trust the CA
+    // is refused by its own TLS stack.
+    let (code, _, body) = curl(&[], &gw.url("/plain"));
+    assert_eq!(code, "200");
+    let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(echoed["headers"]["x-forwarded-proto"][0], "http");
+    let untrusting = Command::new("curl")
+        .args(["-sS", "--max-time", "10", "--resolve", &resolve, &url])
+        .output()
+        .unwrap();
+    assert!(
+        !untrusting.status.success(),
+        "curl without the CA must fail"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+/// `openssl s_client` against the TLS listener: its stdout and whether it connected.
+fn s_client(port: u16, args: &[&str]) -> (String, bool) {
+    need("openssl", "openssl");
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // s_client holds the connection until stdin closes.
+    drop(child.stdin.take());
+    let out = child.wait_with_output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let connected = text.contains("BEGIN CERTIFICATE") && !text.contains("alert");
+    (text, connected)
+}
+
+#[test]
+fn sni_alpn_and_versions_seen_by_openssl() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let api = ca.leaf(dir.path(), "api", &["api.example.test"], 90);
+    let other = ca.leaf(
+        dir.path(),
+        "other",
+        &["other.example.test", "*.wild.test"],
+        90,
+    );
+    let up = Upstream::start();
+    let port = free_port();
+    let strict = free_port();
+    let yaml = config(&up, port, &certificates(&[&api, &other]), "").replacen(
+        "upstreams:",
+        &format!(
+            "  - address: 127.0.0.1:{strict}\n    tls:\n{}      min_version: \"1.3\"\nupstreams:",
+            certificates(&[&api])
+        ),
+        1,
+    );
+    let _gw = Sluice::start(&yaml);
+    let ca_arg = ca_pem.to_str().unwrap();
+    let subject = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("subject="))
+            .unwrap_or("")
+            .to_string()
+    };
+
+    for (sni, expect) in [
+        ("api.example.test", "api.example.test"),
+        ("other.example.test", "other.example.test"),
+        ("x.wild.test", "other.example.test"),
+        ("nobody.test", "api.example.test"),
+    ] {
+        let (text, ok) = s_client(port, &["-servername", sni, "-CAfile", ca_arg]);
+        assert!(ok, "{text}");
+        assert!(
+            subject(&text).contains(expect),
+            "SNI {sni}: {}",
+            subject(&text)
+        );
+        assert!(text.contains("Verify return code: 0 (ok)"), "{text}");
+    }
+    let (text, _) = s_client(port, &["-noservername", "-CAfile", ca_arg]);
+    assert!(
+        subject(&text).contains("api.example.test"),
+        "no SNI: the default pair"
+    );
+
+    let (text, ok) = s_client(port, &["-alpn", "h2,http/1.1"]);
+    assert!(ok && text.contains("ALPN protocol: h2"), "{text}");
+    let (text, ok) = s_client(port, &["-alpn", "http/1.1"]);
+    assert!(ok && text.contains("ALPN protocol: http/1.1"), "{text}");
+
+    let (text, ok) = s_client(port, &["-tls1_2"]);
+    assert!(
+        ok && text.contains("TLSv1.2"),
+        "1.2 allowed by default: {text}"
+    );
+    let (text, ok) = s_client(port, &["-tls1_3"]);
+    assert!(ok && text.contains("TLSv1.3"), "{text}");
+    let (text, ok) = s_client(port, &["-tls1_1", "-cipher", "DEFAULT@SECLEVEL=0"]);
+    assert!(!ok, "TLS 1.1 must be refused: {text}");
+    let (text, ok) = s_client(strict, &["-tls1_2"]);
+    assert!(!ok, "min_version 1.3 refuses 1.2: {text}");
+    let (text, ok) = s_client(strict, &["-tls1_3"]);
+    assert!(ok, "{text}");
+}
+
+/// A TLS client of the gateway (rustls, trusting `ca`).
+#[derive(Clone)]
+struct Client {
+    connector: tokio_rustls::TlsConnector,
+    addr: SocketAddr,
+}
+
+impl Client {
+    fn new(ca: &Path, addr: SocketAddr) -> Client {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(ca).unwrap();
+        for c in rustls_pemfile_certs(&pem) {
+            roots.add(c).unwrap();
+        }
+        let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        // Every connection a full handshake: a resumed session shows the certificate of the
+        // session it resumes, not the one the listener serves now.
+        cfg.resumption = rustls::client::Resumption::disabled();
+        Client {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(cfg)),
+            addr,
+        }
+    }
+
+    /// A new connection (full handshake): the certificate served, and a request sender.
+    async fn connect(
+        &self,
+        sni: &str,
+    ) -> Result<
+        (
+            CertificateDer<'static>,
+            hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+        ),
+        String,
+    > {
+        let tcp = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .map_err(|e| e.to_string())?;
+        let name = ServerName::try_from(sni.to_string()).unwrap();
+        let tls = self
+            .connector
+            .connect(name, tcp)
+            .await
+            .map_err(|e| format!("handshake: {e}"))?;
+        let cert = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
+        let (send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok((cert, send))
+    }
+
+    /// One request on `send`: its status.
+    async fn request(
+        send: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>,
+    ) -> Result<u16, String> {
+        let req = http::Request::get("/r")
+            .header("host", "localhost")
+            .body(Empty::new())
+            .unwrap();
+        let res = send.send_request(req).await.map_err(|e| e.to_string())?;
+        let status = res.status().as_u16();
+        res.into_body().collect().await.map_err(|e| e.to_string())?;
+        Ok(status)
+    }
+}
+
+fn rustls_pemfile_certs(pem: &[u8]) -> Vec<CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    CertificateDer::pem_slice_iter(pem)
+        .map(|c| c.unwrap())
+        .collect()
+}
+
+/// Which pair a new handshake gets now.
+async fn served(c: &Client) -> Vec<u8> {
+    c.connect("localhost").await.unwrap().0.to_vec()
+}
+
+/// Clients that open a new TLS connection per request, as fast as they can, until `stop`.
+/// Returns (ok, failures with their errors).
+fn load(c: &Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(usize, Vec<String>)> {
+    let c = c.clone();
+    tokio::spawn(async move {
+        let ok = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (c, stop, ok, failures) =
+                    (c.clone(), stop.clone(), ok.clone(), failures.clone());
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::SeqCst) {
+                        let result = match c.connect("localhost").await {
+                            Ok((_, mut send)) => Client::request(&mut send).await,
+                            Err(e) => Err(e),
+                        };
+                        match result {
+                            Ok(200) => {
+                                ok.fetch_add(1, Ordering::SeqCst);
+                            }
+                            Ok(s) => failures.lock().push(format!("status {s}")),
+                            Err(e) => failures.lock().push(e),
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let f = failures.lock().clone();
+        (ok.load(Ordering::SeqCst), f)
+    })
+}
+
+/// Kubernetes mounts a Secret as `dir/..data -> ..TIMESTAMP/` with `dir/tls.crt ->
+/// ..data/tls.crt`; an update writes a new `..TIMESTAMP2/` and renames a new `..data` link
+/// over the old one.
+fn k8s_publish(dir: &Path, generation: usize, pair: &Pair) {
+    let versioned = dir.join(format!("..2026_{generation}"));
+    std::fs::create_dir(&versioned).unwrap();
+    std::fs::copy(&pair.cert, versioned.join("tls.crt")).unwrap();
+    std::fs::copy(&pair.key, versioned.join("tls.key")).unwrap();
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(format!("..2026_{generation}"), &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for f in ["tls.crt", "tls.key"] {
+        let link = dir.join(f);
+        if std::fs::symlink_metadata(&link).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{f}"), &link).unwrap();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_under_load_with_zero_failures() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let gens: Vec<Pair> = (0..4)
+        .map(|i| ca.leaf(dir.path(), &format!("gen{i}"), &["localhost"], 90))
+        .collect();
+
+    // One listener reads a Kubernetes-style secret mount, the other plain files that are
+    // replaced by rename-over.
+    let secret = dir.path().join("secret");
+    std::fs::create_dir(&secret).unwrap();
+    k8s_publish(&secret, 0, &gens[0]);
+    let plain = dir.path().join("plain");
+    std::fs::create_dir(&plain).unwrap();
+    std::fs::copy(&gens[0].cert, plain.join("tls.crt")).unwrap();
+    std::fs::copy(&gens[0].key, plain.join("tls.key")).unwrap();
+
+    let up = Upstream::start();
+    let (k8s_port, plain_port) = (free_port(), free_port());
+    let yaml = format!(
+        "listen:
+  - address: {{ADDR}}
+  - address: 127.0.0.1:{k8s_port}
+    tls:
+      certificates:
+        - {{ cert: {s}/tls.crt, key: {s}/tls.key }}
+  - address: 127.0.0.1:{plain_port}
+    tls:
+      certificates:
+        - {{ cert: {p}/tls.crt, key: {p}/tls.key }}
+upstreams:
+  up: {{ targets: [\"{}\"] }}
+routes:
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+",
+        up.url(),
+        s = secret.display(),
+        p = plain.display(),
+    );
+    let gw = Sluice::start(&yaml);
+    let k8s = Client::new(&ca_pem, format!("127.0.0.1:{k8s_port}").parse().unwrap());
+    let files = Client::new(&ca_pem, format!("127.0.0.1:{plain_port}").parse().unwrap());
+    assert_eq!(served(&k8s).await, gens[0].der);
+    assert_eq!(served(&files).await, gens[0].der);
+
+    // A keep-alive connection opened before the rotations.
+    let (old_cert, mut kept) = files.connect("localhost").await.unwrap();
+    assert_eq!(Client::request(&mut kept).await, Ok(200));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let load_k8s = load(&k8s, stop.clone());
+    let load_files = load(&files, stop.clone());
+    for (g, pair) in gens.iter().enumerate().skip(1) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        k8s_publish(&secret, g, pair);
+        // Rename-over, the key first: for a moment the pair does not match (that reload is
+        // refused and the previous pair keeps serving), then the certificate follows.
+        for (src, name) in [(&pair.key, "tls.key"), (&pair.cert, "tls.crt")] {
+            let tmp = plain.join(format!(".{name}.tmp"));
+            std::fs::copy(src, &tmp).unwrap();
+            std::fs::rename(&tmp, plain.join(name)).unwrap();
+        }
+        let want = pair.der.clone();
+        let rotated = eventually(Duration::from_secs(10), || {
+            let (k8s, files, want) = (k8s.clone(), files.clone(), want.clone());
+            async move { served(&k8s).await == want && served(&files).await == want }
+        })
+        .await;
+        assert!(rotated, "generation {g} never served:\n{}", gw.log());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    for (name, task) in [("k8s", load_k8s), ("rename-over", load_files)] {
+        let (ok, failures) = task.await.unwrap();
+        assert!(ok > 20, "{name}: only {ok} requests went through");
+        assert!(
+            failures.is_empty(),
+            "{name}: {} failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+    }
+    // The connection opened before keeps its pair and keeps serving.
+    assert_eq!(Client::request(&mut kept).await, Ok(200));
+    assert_eq!(old_cert.to_vec(), gens[0].der);
+    let c = client();
+    let text = gw.metrics(&c).await;
+    assert_eq!(
+        metric(
+            &text,
+            "sluice_tls_certificate_expiry_timestamp_seconds",
+            &[
+                ("listener", &format!("127.0.0.1:{plain_port}")),
+                ("cert", "localhost")
+            ]
+        ),
+        gens[3].not_after as f64
+    );
+}
+
+/// `sluice check` on a config: (exit ok, stdout, stderr).
+fn check(path: &Path) -> (bool, String, String) {
+    let out = Command::new(support::sluice_bin())
+        .args(["check", "-c"])
+        .arg(path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The 1-based line of the first line of `text` containing `needle`.
+fn line_of(text: &str, needle: &str) -> usize {
+    text.lines().position(|l| l.contains(needle)).unwrap() + 1
+}
+
+#[test]
+fn pairs_that_do_not_load_are_refused_at_their_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let good = ca.leaf(dir.path(), "good", &["good.test"], 90);
+    let other = ca.leaf(dir.path(), "other", &["other.test"], 90);
+    let expired = ca.leaf(dir.path(), "expired", &["expired.test"], -2);
+    let soon = ca.leaf(dir.path(), "soon", &["soon.test"], 7);
+    let up = Upstream::start();
+    let write = |name: &str, pairs: &str| -> (PathBuf, String) {
+        let text = config(&up, 8443, pairs, "").replace("{ADDR}", "127.0.0.1:8080")
+            + "admin_listen: 127.0.0.1:9090\n";
+        let path = dir.path().join(name);
+        std::fs::write(&path, &text).unwrap();
+        (path, text)
+    };
+    let entry = |cert: &Path, key: &Path| {
+        format!(
+            "      certificates:\n        - {{ cert: {}, key: {} }}\n",
+            cert.display(),
+            key.display()
+        )
+    };
+
+    // Mismatched: other's key with good's certificate.
+    let (path, text) = write("mismatch.yaml", &entry(&good.cert, &other.key));
+    let (ok, _, err) = check(&path);
+    assert!(!ok);
+    let line = line_of(&text, "good.crt");
+    assert!(
+        err.starts_with(&format!("{}:{line}:", path.display()))
+            && err.contains("do not belong together"),
+        "{err}"
+    );
+
+    let (path, text) = write("expired.yaml", &entry(&expired.cert, &expired.key));
+    let (ok, _, err) = check(&path);
+    assert!(!ok);
+    let line = line_of(&text, "expired.crt");
+    assert!(
+        err.starts_with(&format!("{}:{line}:", path.display())) && err.contains("expired"),
+        "{err}"
+    );
+
+    let (path, text) = write(
+        "missing.yaml",
+        &entry(&dir.path().join("nope.crt"), &good.key),
+    );
+    let (ok, _, err) = check(&path);
+    assert!(!ok);
+    assert!(
+        err.starts_with(&format!(
+            "{}:{}:",
+            path.display(),
+            line_of(&text, "nope.crt")
+        )),
+        "{err}"
+    );
+    assert!(err.contains("cannot read certificate"), "{err}");
+
+    // Expiring within 14 days: valid, with a warning at its entry.
+    let (path, text) = write("soon.yaml", &entry(&soon.cert, &soon.key));
+    let (ok, out, err) = check(&path);
+    assert!(ok, "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "{}:{}:",
+            path.display(),
+            line_of(&text, "soon.crt")
+        )) && err.contains("warning")
+            && err.contains("soon.test) expires in"),
+        "{err}"
+    );
+    assert!(out.contains("certificate soon.test ("), "{out}");
+
+    // A relative path is relative to the config file.
+    std::fs::copy(&good.cert, dir.path().join("rel.crt")).unwrap();
+    std::fs::copy(&good.key, dir.path().join("rel.key")).unwrap();
+    let (path, _) = write(
+        "relative.yaml",
+        &entry(Path::new("rel.crt"), Path::new("rel.key")),
+    );
+    let (ok, out, err) = check(&path);
+    assert!(ok, "{err}");
+    assert!(out.contains("certificate good.test"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_rotation_keeps_the_old_pair_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
+    let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let put = |from: &Path, name: &str| {
+        let tmp = live.join(".tmp");
+        std::fs::copy(from, &tmp).unwrap();
+        std::fs::rename(&tmp, live.join(name)).unwrap();
+    };
+    put(&first.cert, "tls.crt");
+    put(&first.key, "tls.key");
+    let up = Upstream::start();
+    let port = free_port();
+    let pair = format!(
+        "      certificates:\n        - {{ cert: {l}/tls.crt, key: {l}/tls.key }}\n",
+        l = live.display()
+    );
+    let gw = Sluice::start(&config(&up, port, &pair, ""));
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+    assert_eq!(served(&c).await, first.der);
+
+    // Only the key changes: the pair no longer matches. The reload is refused (counted, logged
+    // at the entry), and the first pair keeps serving.
+    put(&second.key, "tls.key");
+    gw.wait_reloads("error", 1.0).await;
+    let log = gw.wait_log(&["config reload rejected", "do not belong together"]);
+    let line = line_of(
+        &std::fs::read_to_string(&gw.config_path).unwrap(),
+        "tls.crt",
+    );
+    assert!(
+        log.contains(&format!("{}:{line}:", gw.config_path.display())),
+        "{log}"
+    );
+    assert_eq!(served(&c).await, first.der);
+    let (_, mut send) = c.connect("localhost").await.unwrap();
+    assert_eq!(Client::request(&mut send).await, Ok(200));
+
+    // The certificate follows: the pair matches again and is served.
+    put(&second.cert, "tls.crt");
+    let want = second.der.clone();
+    let rotated = eventually(Duration::from_secs(10), || {
+        let (c, want) = (c.clone(), want.clone());
+        async move { served(&c).await == want }
+    })
+    .await;
+    assert!(rotated, "{}", gw.log());
+    assert!(gw.reloads("success").await >= 1.0);
+}
+
+/// A raw HTTP/1.1 exchange: `prefix` (a PROXY header) then a GET, the whole answer.
+fn raw_exchange(addr: SocketAddr, prefix: &[u8], path: &str) -> String {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(prefix).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).to_string()
+}
+
+fn v2_header(src: [u8; 4], src_port: u16) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.push(0x21); // version 2, PROXY
+    h.push(0x11); // TCP over IPv4
+    h.extend_from_slice(&12u16.to_be_bytes());
+    h.extend_from_slice(&src);
+    h.extend_from_slice(&[10, 0, 0, 1]);
+    h.extend_from_slice(&src_port.to_be_bytes());
+    h.extend_from_slice(&80u16.to_be_bytes());
+    h
+}
+
+/// The X-Forwarded-For the upstream received (it echoes the request as JSON).
+fn forwarded_for(answer: &str) -> String {
+    let body = &answer[answer.find("\r\n\r\n").unwrap() + 4..];
+    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+    v["headers"]["x-forwarded-for"][0]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
+}
+
+fn pp_config(up: &Upstream, trusted: &str) -> String {
+    format!(
+        "listen:
+  - address: {{ADDR}}
+    proxy_protocol: true
+client_ip:
+  trusted_proxies: [{trusted}]
+upstreams:
+  up: {{ targets: [\"{}\"] }}
+routes:
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+    limits:
+      - {{ name: per-ip, by: ip, algorithm: fixed_window, rate: 2/1m }}
+",
+        up.url()
+    )
+}
+
+#[test]
+fn proxy_protocol_names_the_client_only_for_trusted_proxies() {
+    let up = Upstream::start();
+    // The harness waits for the data port with a bare connect; the gateway closes it when no
+    // PROXY header arrives in time, which is what a health check expects.
+    let gw = Sluice::start(&pp_config(&up, "127.0.0.1/32"));
+    let v1 = b"PROXY TCP4 203.0.113.7 10.0.0.1 5555 80\r\n";
+    let a = raw_exchange(gw.addr, v1, "/one");
+    assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+    assert_eq!(forwarded_for(&a), "203.0.113.7", "{a}");
+    // v2 for the same client shares its limit (2 a minute): the third is refused.
+    let b = raw_exchange(gw.addr, &v2_header([203, 0, 113, 7], 6000), "/two");
+    assert!(b.starts_with("HTTP/1.1 200"), "{b}");
+    assert_eq!(forwarded_for(&b), "203.0.113.7");
+    let c = raw_exchange(gw.addr, v1, "/three");
+    assert!(c.starts_with("HTTP/1.1 429"), "{c}");
+    // Another client behind the same proxy has its own budget.
+    let d = raw_exchange(
+        gw.addr,
+        b"PROXY TCP4 203.0.113.8 10.0.0.1 5555 80\r\n",
+        "/four",
+    );
+    assert!(d.starts_with("HTTP/1.1 200"), "{d}");
+    // LOCAL (a load balancer's health check) and UNKNOWN: the connection's own peer stands.
+    let e = raw_exchange(gw.addr, b"PROXY UNKNOWN\r\n", "/five");
+    assert!(e.starts_with("HTTP/1.1 200"), "{e}");
+    assert_eq!(forwarded_for(&e), "127.0.0.1");
+    // No header, or a malformed one: closed without an answer, never forwarded.
+    let hits = up.hits();
+    assert_eq!(raw_exchange(gw.addr, b"", "/no-header"), "");
+    assert_eq!(
+        raw_exchange(gw.addr, b"PROXY TCP4 1.2.3.4  5.6.7.8 1 2\r\n", "/bad"),
+        ""
+    );
+    assert_eq!(up.hits(), hits);
+    drop(gw);
+
+    // The same header from a peer that is not a trusted proxy is read but not believed.
+    let gw = Sluice::start(&pp_config(&up, "10.9.9.9/32"));
+    for i in 0..3 {
+        let a = raw_exchange(
+            gw.addr,
+            format!("PROXY TCP4 198.51.100.{i} 10.0.0.1 5555 80\r\n").as_bytes(),
+            "/x",
+        );
+        if i < 2 {
+            assert!(a.starts_with("HTTP/1.1 200"), "{a}");
+            assert_eq!(forwarded_for(&a), "127.0.0.1");
+        } else {
+            assert!(
+                a.starts_with("HTTP/1.1 429"),
+                "all three count as 127.0.0.1: {a}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn proxy_protocol_before_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let pair = ca.leaf(dir.path(), "api", &["localhost"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    let yaml = config(
+        &up,
+        port,
+        &certificates(&[&pair]),
+        "client_ip:\n  trusted_proxies: [127.0.0.1/32]\n",
+    )
+    .replace("    tls:\n", "    proxy_protocol: true\n    tls:\n");
+    let _gw = Sluice::start(&yaml);
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+
+    let mut tcp = tokio::net::TcpStream::connect(c.addr).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    tcp.write_all(b"PROXY TCP6 2001:db8::7 2001:db8::1 4000 443\r\n")
+        .await
+        .unwrap();
+    let tls = c
+        .connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/pp")
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(v["headers"]["x-forwarded-for"][0], "2001:db8::7");
+    assert_eq!(v["headers"]["x-forwarded-proto"][0], "https");
+
+    // Without the header, the TLS ClientHello itself is refused as a PROXY header.
+    assert!(c.connect("localhost").await.is_err());
+    assert_eq!(up.hits(), 1);
+}
