@@ -27,6 +27,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("sluice_inflight_requests", &["route"]),
     ("sluice_config_reloads_total", &[]),
     ("sluice_config_info", &[]),
+    ("sluice_tls_certificate_expiry_timestamp_seconds", &[]),
 ];
 
 fn dashboard() -> Value {
@@ -165,6 +166,7 @@ const REQUIRED_PANELS: &[&str] = &[
     "Config reloads",
     "In-flight requests by route",
     "Config version",
+    "TLS certificates: days left",
 ];
 
 /// A real Prometheus on a temp dir, killed on drop.
@@ -282,9 +284,16 @@ enum Want {
     Positive,
 }
 
-fn sluice_config(up: &Upstream) -> String {
+/// `tls`: a certificate pair for the TLS listener beside the cleartext one.
+fn sluice_config(up: &Upstream, tls: &support::certs::Pair) -> String {
     format!(
-        "client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
+        "listen:
+  - address: {{ADDR}}
+  - address: 127.0.0.1:{}
+    tls:
+      certificates:
+        - {{ cert: {}, key: {} }}
+client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
 upstreams:
   up: {{ targets: [{}] }}
   dead: {{ targets: [http://127.0.0.1:{}], connect_timeout: 1s }}
@@ -302,6 +311,9 @@ routes:
     match: {{ path_prefix: /plain }}
     upstream: up
 ",
+        free_port(),
+        tls.cert.display(),
+        tls.key.display(),
         up.url(),
         free_port()
     )
@@ -311,7 +323,9 @@ routes:
 async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let d = dashboard();
     let up = Upstream::start();
-    let s = Sluice::start(&sluice_config(&up));
+    let certs = tempfile::tempdir().unwrap();
+    let pair = support::certs::Ca::new("test CA").leaf(certs.path(), "api", &["localhost"], 90);
+    let s = Sluice::start(&sluice_config(&up, &pair));
     let prom = Prometheus::start(s.admin);
     let c = client();
 
@@ -447,6 +461,10 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
         (
             "Config version",
             vec![(vec![("version", version.as_str())], Present)],
+        ),
+        (
+            "TLS certificates: days left",
+            vec![(vec![("cert", "localhost")], Positive)],
         ),
     ];
 

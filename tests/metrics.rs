@@ -29,13 +29,32 @@ const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("sluice_inflight_requests", "gauge", &["route"]),
     ("sluice_config_reloads_total", "counter", &["result"]),
     ("sluice_config_info", "gauge", &["version"]),
+    (
+        "sluice_tls_certificate_expiry_timestamp_seconds",
+        "gauge",
+        &["listener", "cert"],
+    ),
 ];
 
 /// A live upstream, a dead one (nothing listens), a keyed route that rejects requests
 /// without a key, and a route with an enforced and a shadow limit.
+/// A TLS listener beside the cleartext one exports the certificate gauge.
 fn config(up: &Upstream) -> String {
+    static CERT: std::sync::OnceLock<(tempfile::TempDir, support::certs::Pair)> =
+        std::sync::OnceLock::new();
+    let (_, pair) = CERT.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let pair = support::certs::Ca::new("test CA").leaf(dir.path(), "api", &["localhost"], 90);
+        (dir, pair)
+    });
     format!(
-        "client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
+        "listen:
+  - address: {{ADDR}}
+  - address: 127.0.0.1:{}
+    tls:
+      certificates:
+        - {{ cert: {}, key: {} }}
+client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
 upstreams:
   up: {{ targets: [{}] }}
   dead: {{ targets: [http://127.0.0.1:{}], connect_timeout: 1s }}
@@ -59,6 +78,9 @@ routes:
     upstream: up
     strip_prefix: true
 ",
+        free_port(),
+        pair.cert.display(),
+        pair.key.display(),
         up.url(),
         free_port()
     )
@@ -263,7 +285,13 @@ async fn outcomes_durations_and_decisions_count_exactly() {
         );
     }
     assert!(!m.contains("sekrit-api-key-77"), "identities never appear");
-    assert!(!m.contains("127.0.0.1"), "identities never appear");
+    // The client's address never appears (the TLS gauge's `listener` is the gateway's own).
+    assert!(
+        !m.lines()
+            .filter(|l| !l.starts_with("sluice_tls_certificate_expiry_timestamp_seconds{"))
+            .any(|l| l.contains("127.0.0.1")),
+        "identities never appear"
+    );
 }
 
 #[tokio::test]
