@@ -104,7 +104,10 @@ fn https_over_http1_and_http2_beside_cleartext() {
     );
     assert_eq!((code.as_str(), version.as_str()), ("200", "1.1"));
     let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(echoed["headers"]["x-forwarded-proto"][0], "https", "{echoed}");
+    assert_eq!(
+        echoed["headers"]["x-forwarded-proto"][0], "https",
+        "{echoed}"
+    );
 
     let (code, version, body) = curl(
         &["--http2", "--cacert", ca_arg, "--resolve", &resolve],
