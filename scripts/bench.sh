@@ -2,14 +2,15 @@
 # Load test: direct-to-upstream vs through sluice (embedded and Redis store), in one run.
 #   scripts/bench.sh [DURATION]    (default 10s; needs wrk: apt-get install -y wrk)
 # sluice runs with ONE worker thread; wrk uses -t1 -c64 against a trivial upstream.
-# Prints requests/s, p99 latency and the ratio to direct for every scenario.
+# Prints requests/s, p99 latency and the ratio to direct for every scenario, then the TLS
+# comparison against nginx (scripts/bench_tls.sh) when openssl is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-10s}
 command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
 cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench_lib.sh
 UP=$(free_port); GW=$(free_port); ADM=$(free_port)
 tmp=$(mktemp -d)
 pids=()
@@ -47,14 +48,6 @@ YAML
 }
 gateway "$GW" "$ADM" "" bench
 sleep 1
-
-run() { # name url -> "rps p99_ms"
-  local out rps p99
-  out=$(wrk -t1 -c64 -d"$dur" --latency "$2")
-  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
-  echo "$rps $p99"
-}
 
 curl -s -o /dev/null "http://127.0.0.1:$GW/deny"   # use up the single allowed request
 printf '%-34s %12s %10s %8s\n' scenario req/s p99_ms ratio
@@ -183,4 +176,10 @@ NGINX
   row "nginx (1 worker) proxy" "$rps" "$p99"
   read -r rps p99 < <(run nginx "http://127.0.0.1:$NG/deny")
   row "nginx limit_req 429 path" "$rps" "$p99"
+fi
+
+# TLS: keep-alive requests and full handshakes, sluice against nginx on the same certificate.
+if command -v openssl >/dev/null; then
+  echo
+  scripts/bench_tls.sh "$dur"
 fi
