@@ -124,7 +124,10 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     let restart = gw.boot.changed(&boot);
     // `/admin/config` shows what runs, not what waits for a restart.
     let running = &old_live.file;
-    new_file.listen.clone_from(&running.listen);
+    // A listener's certificate list applies live; only a changed listener set waits.
+    if restart.contains(&"listen") {
+        new_file.listen.clone_from(&running.listen);
+    }
     new_file.admin_listen.clone_from(&running.admin_listen);
     new_file.workers = running.workers;
     new_file.drain_timeout.clone_from(&running.drain_timeout);
