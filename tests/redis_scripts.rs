@@ -110,7 +110,8 @@ fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
     Params::new(a, n, w, burst).unwrap()
 }
 
-/// Parameter sets per algorithm: small, bursty, and the largest the config accepts.
+/// Parameter sets per algorithm: small, bursty, and the largest the config accepts; for
+/// fixed_window also calendar months (the random gaps cross month ends, February included).
 fn param_sets(a: Algorithm) -> Vec<Params> {
     let burst = a.is_bucket().then_some(7);
     let big = if a == Algorithm::SlidingLog {
@@ -118,12 +119,23 @@ fn param_sets(a: Algorithm) -> Vec<Params> {
     } else {
         10_000_000
     };
-    vec![
+    // sliding_window's N·W (ms) must stay below 2^53: 10^7 per 7 d, not per 366 d.
+    let longest = if a == Algorithm::SlidingWindow {
+        7 * 86_400 * S
+    } else {
+        Params::MAX_WINDOW_US
+    };
+    let mut sets = vec![
         params(a, 5, 10 * S, None),
         params(a, 3, 2 * S, burst),
         params(a, 1000, 3600 * S, None),
-        params(a, big, Params::MAX_WINDOW_US, None),
-    ]
+        params(a, big, longest, None),
+    ];
+    if a == Algorithm::FixedWindow {
+        sets.push(Params::monthly(5).unwrap());
+        sets.push(Params::monthly(big).unwrap());
+    }
+    sets
 }
 
 /// The next gap: same µs, sub-interval, around the interval, around the window, long idle.

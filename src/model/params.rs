@@ -58,8 +58,11 @@ pub struct Params {
     /// I = ceil(W / N): microseconds per unit for bucket algorithms (never faster than configured).
     pub interval_us: u64,
     /// Time unit of sliding_window's weighting: 1 µs, or 1000 µs when N·W in µs would pass 2^53
-    /// (windows are whole milliseconds, so N·W in ms always fits for N ≤ 10^7, W ≤ 7d).
+    /// (windows are whole milliseconds; N·W in ms past 2^53 is refused as an overflow).
     pub unit_us: u64,
+    /// `fixed_window` over UTC calendar months (`N/month`); `window_us` is then 31 days, the
+    /// longest month, and each window is the month's real length.
+    pub month: bool,
 }
 
 /// Largest integer a double (Lua number) holds exactly.
@@ -71,7 +74,7 @@ pub enum ParamsError {
     ZeroLimit,
     #[error("rate must admit at most 10000000 per window")]
     LimitTooLarge,
-    #[error("window must be at least 1s and at most 7d")]
+    #[error("window must be at least 1s and at most 366d")]
     Window,
     #[error("burst must be at least 1")]
     ZeroBurst,
@@ -83,7 +86,9 @@ pub enum ParamsError {
 
 impl Params {
     pub const MIN_WINDOW_US: u64 = 1_000_000;
-    pub const MAX_WINDOW_US: u64 = 7 * 86_400 * 1_000_000;
+    pub const MAX_WINDOW_US: u64 = 366 * 86_400 * 1_000_000;
+    /// `window_us` of a calendar-month window: the longest month.
+    pub const MONTH_US: u64 = 31 * 86_400 * 1_000_000;
     pub const MAX_SLIDING_LOG: u64 = 10_000;
     /// The largest N per window; `lua/decide.lua` refuses anything above it too.
     pub const MAX_LIMIT: u64 = 10_000_000;
@@ -129,9 +134,37 @@ impl Params {
             capacity,
             interval_us,
             unit_us,
+            month: false,
         };
         p.check_exact()?;
         Ok(p)
+    }
+
+    /// `fixed_window` at `limit` per UTC calendar month.
+    pub fn monthly(limit: u64) -> Result<Params, ParamsError> {
+        let mut p = Params::new(Algorithm::FixedWindow, limit, Self::MONTH_US, None)?;
+        p.month = true;
+        Ok(p)
+    }
+
+    /// The window clients are told (`w` of `RateLimit-Policy`), in µs: the configured one, or
+    /// the length of the calendar month containing `now_us`.
+    pub fn window_at(&self, now_us: u64) -> u64 {
+        if self.month {
+            let (_, start, end) = crate::limiter::algo::calendar::month_window(now_us);
+            end - start
+        } else {
+            self.window_us
+        }
+    }
+
+    /// The algorithm's name in the script's ARGV (`fixed_month` for calendar months).
+    pub fn script_name(&self) -> &'static str {
+        if self.month {
+            "fixed_month"
+        } else {
+            self.algorithm.name()
+        }
     }
 
     /// Reject parameters whose products the arithmetic (and a Lua double) cannot hold exactly.

@@ -1,8 +1,19 @@
-//! Fixed window: window k = floor(now / W), epoch-aligned; admit iff count + cost ≤ N.
+//! Fixed window: window k = floor(now / W), epoch-aligned; admit iff count + cost ≤ N. With
+//! `N/month` the windows are UTC calendar months instead ([`calendar::month_window`]).
 //!
 //! At most N per window, but up to 2N within any span shorter than W that straddles a
 //! boundary: that is the algorithm, not a bug.
-use super::{verdict, Code, Params, Verdict};
+use super::{calendar, verdict, Code, Params, Verdict};
+
+/// The window `now` falls in: its index and the µs left until it ends.
+pub fn window(p: &Params, now: u64) -> (u64, u64) {
+    if p.month {
+        let (k, _, end) = calendar::month_window(now);
+        (k, end - now)
+    } else {
+        (now / p.window_us, p.window_us - now % p.window_us)
+    }
+}
 
 /// Units admitted in window `window` (= floor(now / W)).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,9 +25,8 @@ pub struct State {
 /// A state from any other window counts nothing: an older one is over, and a future one
 /// (the store clock stepped back) belongs to a window that has not started; both read as fresh.
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
-    let (n, w) = (p.limit, p.window_us);
-    let k = now / w;
-    let to_end = w - now % w;
+    let n = p.limit;
+    let (k, to_end) = window(p, now);
     let count = match state {
         Some(s) if s.window == k => s.count,
         _ => 0,
@@ -66,6 +76,27 @@ mod tests {
             .filter(|_| step(&p, &mut st, end, 1).decision.allowed())
             .count();
         assert_eq!((admitted_before, admitted_after), (5, 5)); // 10 = 2N within 2 µs
+    }
+
+    #[test]
+    fn calendar_months_end_exactly_at_midnight_utc_of_the_first() {
+        let p = Params::monthly(3).unwrap();
+        // 2028-02-29 23:59:59.999999 UTC, then 2028-03-01 00:00:00 UTC (a leap February).
+        let march_1: u64 = 1_835_481_600 * S;
+        let last_us = march_1 - 1;
+        let mut st = None;
+        let admitted = (0..5)
+            .filter(|_| step(&p, &mut st, last_us, 1).decision.allowed())
+            .count();
+        assert_eq!(admitted, 3);
+        let refused = step(&p, &mut st, last_us, 1).decision;
+        assert_eq!(refused.retry_after_us, 1, "the month ends 1 µs later");
+        let d = step(&p, &mut st, march_1, 1).decision;
+        assert!(d.allowed(), "a new month starts empty");
+        assert_eq!(d.remaining, 2);
+        assert_eq!(d.reset_after_us, 31 * 86_400 * S, "March has 31 days");
+        assert_eq!(p.window_at(march_1), 31 * 86_400 * S);
+        assert_eq!(p.window_at(last_us), 29 * 86_400 * S);
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
     a.push(if commit { "1" } else { "0" }.to_owned());
     for c in calls {
         let p = &c.params;
-        a.push(p.algorithm.name().to_owned());
+        a.push(p.script_name().to_owned());
         for v in [
             p.limit,
             p.window_us,
