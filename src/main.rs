@@ -215,6 +215,28 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
             );
         }
     }
+    let consumers = &t.consumers;
+    if !consumers.plans.is_empty() {
+        let anonymous = consumers
+            .anonymous
+            .map(|p| format!(" (anonymous: {})", consumers.plans[p].name))
+            .unwrap_or_default();
+        let _ = writeln!(s, "plans {}{anonymous}:", consumers.plans.len());
+        for (i, (plan, fp)) in consumers.plans.iter().zip(file.plans.values()).enumerate() {
+            let n = consumers.list.iter().filter(|c| c.plan == i).count();
+            let limits: Vec<String> = fp
+                .limits
+                .iter()
+                .map(|l| format!("{} {} {}", l.name, l.algorithm, l.rate))
+                .collect();
+            let _ = writeln!(
+                s,
+                "  {:<20} {n} consumer(s); {}",
+                plan.name,
+                limits.join(", ")
+            );
+        }
+    }
     s
 }
 

@@ -2147,14 +2147,14 @@ fn charged(
     }
     let t = &rig.table;
     let route = &t.routes[0];
-    let who = Identity::new(
+    let mut who = Identity::new(
         [8, 8, 8, 8].into(),
         &headers,
         None,
         &t.client_ip,
         &t.identities,
     );
-    let plan = sluice::pipeline::admit::plan(route, &who, &headers)?;
+    let plan = sluice::pipeline::admit::plan(route, &mut who, &headers, &t.consumers)?;
     let (clock, _) = Clock::manual(1 << 40);
     let store = Arc::new(MemoryStore::new(64, clock.clone()));
     let local = MemoryStore::new(64, clock);

@@ -790,3 +790,64 @@ async fn proxy_protocol_before_tls() {
     assert!(c.connect("localhost").await.is_err());
     assert_eq!(up.hits(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
+    let later = ca.leaf(dir.path(), "later", &["localhost"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    let gw = Sluice::start(&config(&up, port, &certificates(&[&first]), ""));
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+    assert_eq!(served(&c).await, first.der);
+    let serves = |want: Vec<u8>| {
+        let c = c.clone();
+        eventually(Duration::from_secs(10), move || {
+            let (c, want) = (c.clone(), want.clone());
+            async move { served(&c).await == want }
+        })
+    };
+
+    // The config names files that do not exist yet, in the watched directory of the first
+    // pair: refused, the first pair keeps serving.
+    let named = |stem: &str, from: &Pair| Pair {
+        cert: dir.path().join(format!("{stem}.crt")),
+        key: dir.path().join(format!("{stem}.key")),
+        ..from.clone()
+    };
+    let pending = named("pending", &later);
+    gw.replace_config(&config(&up, port, &certificates(&[&pending]), ""));
+    gw.wait_reloads("error", 1.0).await;
+    assert_eq!(served(&c).await, first.der);
+    // They appear: that is a change of what the config names, so it reloads by itself.
+    std::fs::copy(&later.key, &pending.key).unwrap();
+    std::fs::copy(&later.cert, &pending.cert).unwrap();
+    assert!(serves(later.der.clone()).await, "{}", gw.log());
+
+    // Files in a directory that does not exist yet: once it exists a signal loads them, and
+    // from then on that directory is watched (a rename-over there is picked up by itself).
+    let incoming = dir.path().join("incoming");
+    let (cert, key) = (incoming.join("tls.crt"), incoming.join("tls.key"));
+    let elsewhere = Pair {
+        cert: cert.clone(),
+        key: key.clone(),
+        ..first.clone()
+    };
+    gw.replace_config(&config(&up, port, &certificates(&[&elsewhere]), ""));
+    gw.wait_reloads("error", 2.0).await;
+    std::fs::create_dir(&incoming).unwrap();
+    std::fs::copy(&first.cert, &cert).unwrap();
+    std::fs::copy(&first.key, &key).unwrap();
+    gw.signal("HUP");
+    assert!(serves(first.der.clone()).await, "{}", gw.log());
+    let next = ca.leaf(dir.path(), "next", &["localhost"], 90);
+    for (src, dst) in [(&next.key, &key), (&next.cert, &cert)] {
+        let tmp = incoming.join(".tmp");
+        std::fs::copy(src, &tmp).unwrap();
+        std::fs::rename(&tmp, dst).unwrap();
+    }
+    assert!(serves(next.der.clone()).await, "{}", gw.log());
+}

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::{json_reply, no_content, problem, Body};
 use crate::limiter::key;
+use crate::limiter::store::StoreError;
 use crate::model::identity::ClientIpRules;
 use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::params::Params;
@@ -30,28 +31,47 @@ pub(crate) async fn peek(
         Ok(t) => t,
         Err(res) => return res,
     };
-    match gw.store.peek(&key, &params).await {
-        Ok(p) => {
-            let retry = if p.next.allowed() {
-                0
-            } else {
-                retry_after_secs(p.next.retry_after_us)
-            };
-            json_reply(
-                StatusCode::OK,
-                &json!({
-                    "route": route,
-                    "limit": limit,
-                    "algorithm": params.algorithm.name(),
-                    "quota": params.limit,
-                    "remaining": p.now.remaining,
-                    "reset_seconds": p.now.reset_after_us.div_ceil(1_000_000),
-                    "retry_after_seconds": retry,
-                }),
-            )
+    match state(gw, &key, &params).await {
+        Ok(mut doc) => {
+            doc["route"] = json!(route);
+            doc["limit"] = json!(limit);
+            json_reply(StatusCode::OK, &doc)
         }
         Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, &format!("store: {e}")),
     }
+}
+
+/// One key's state under `params`, without consuming: the fields both `/admin/limits` and
+/// `/admin/consumers` answer with.
+pub(super) async fn state(
+    gw: &Gateway,
+    key: &str,
+    params: &Params,
+) -> Result<serde_json::Value, StoreError> {
+    let p = gw.store.peek(key, params).await?;
+    let retry = if p.next.allowed() {
+        0
+    } else {
+        retry_after_secs(p.next.retry_after_us)
+    };
+    Ok(json!({
+        "algorithm": params.algorithm.name(),
+        "quota": params.limit,
+        "remaining": p.now.remaining,
+        "reset_seconds": p.now.reset_after_us.div_ceil(1_000_000),
+        "retry_after_seconds": retry,
+    }))
+}
+
+/// Reset one key in the store, and wherever this gateway keeps a copy of its decisions.
+pub(super) async fn reset_key(gw: &Gateway, key: &str) -> Result<(), StoreError> {
+    gw.store.reset(key).await?;
+    // `on_error: local` may have decided this key in the embedded store meanwhile.
+    gw.local.reset(key);
+    if let Some(deny) = &gw.deny {
+        deny.forget(key);
+    }
+    Ok(())
 }
 
 pub(crate) async fn reset(
@@ -64,13 +84,8 @@ pub(crate) async fn reset(
         Ok(t) => t,
         Err(res) => return res,
     };
-    match gw.store.reset(&key).await {
+    match reset_key(gw, &key).await {
         Ok(()) => {
-            // `on_error: local` may have decided this key in the embedded store meanwhile.
-            gw.local.reset(&key);
-            if let Some(deny) = &gw.deny {
-                deny.forget(&key);
-            }
             tracing::info!(route, limit, "limit state reset through the admin API");
             no_content()
         }
@@ -195,6 +210,7 @@ fn part_name(p: &KeyPart) -> String {
         KeyPart::User => "user".into(),
         KeyPart::Header(h) => format!("header:{h}"),
         KeyPart::Route => "route".into(),
+        KeyPart::Consumer => "consumer".into(),
     }
 }
 

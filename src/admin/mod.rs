@@ -5,6 +5,7 @@
 //! `Authorization: Bearer $SLUICE_ADMIN_TOKEN`; the scrape and probe endpoints stay open.
 
 mod config;
+mod consumers;
 mod limits;
 
 use std::net::SocketAddr;
@@ -107,6 +108,11 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
         ["reload"] => match method {
             Method::POST => reload_now(gw).await,
             _ => method_not_allowed("POST"),
+        },
+        ["consumers", name] => match method {
+            Method::GET | Method::HEAD => consumers::peek(&gw, name).await,
+            Method::DELETE => consumers::reset(&gw, name).await,
+            _ => method_not_allowed("GET, HEAD, DELETE"),
         },
         ["limits", route, limit] => {
             let query = req.uri().query();

@@ -3,6 +3,7 @@
 use std::collections::HashSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::uri::Authority;
@@ -14,6 +15,7 @@ use super::file::{self, File};
 use super::position::Positions;
 use super::{units, ConfigError, ConfigErrors};
 use crate::limiter::algo::{Algorithm, Params, ParamsError};
+use crate::model::consumer::{Consumer, Consumers, Plan};
 use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
 use crate::model::path::PathRules;
@@ -67,13 +69,8 @@ impl Ctx<'_> {
         }
     }
 
-    /// A file named in the config: relative paths are relative to the config file's directory.
     fn path(&self, p: &str) -> PathBuf {
-        let p = Path::new(p);
-        match Path::new(self.name).parent() {
-            Some(dir) if p.is_relative() => dir.join(p),
-            _ => p.to_path_buf(),
-        }
+        resolve(self.name, p)
     }
 
     fn header_name(&mut self, path: &str, s: &str) -> Option<HeaderName> {
@@ -95,6 +92,33 @@ impl Ctx<'_> {
             }
         }
     }
+}
+
+/// A file named in the config at `config` (its path as given): relative paths are relative to
+/// the config file's directory.
+fn resolve(config: &str, p: &str) -> PathBuf {
+    let p = Path::new(p);
+    match Path::new(config).parent() {
+        Some(dir) if p.is_relative() => dir.join(p),
+        _ => p.to_path_buf(),
+    }
+}
+
+/// The files besides itself that the config `file` (at `config`) reads, resolved as compile
+/// resolves them: the listeners' certificates and keys, and the `consumers_file`. Reloads
+/// watch their directories and compare their bytes, even before the file is known to compile.
+pub fn watched_files(config: &str, file: &File) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = match &file.listen {
+        file::Listen::List(listeners) => listeners
+            .iter()
+            .filter_map(|l| l.tls.as_ref())
+            .flat_map(|t| &t.certificates)
+            .flat_map(|c| [resolve(config, &c.cert), resolve(config, &c.key)])
+            .collect(),
+        file::Listen::Address(_) => Vec::new(),
+    };
+    out.extend(file.consumers_file.iter().map(|f| resolve(config, f)));
+    out
 }
 
 fn valid_name(s: &str) -> bool {
@@ -186,6 +210,9 @@ pub fn compile(
         });
     }
 
+    let plans = plans(&mut c, file, &store.redis.key_prefix);
+    let consumers = consumers(&mut c, file, &plans);
+
     let mut routes = Vec::with_capacity(file.routes.len());
     let mut seen = HashSet::new();
     for (i, r) in file.routes.iter().enumerate() {
@@ -232,8 +259,36 @@ pub fn compile(
                     format!("duplicate limit name `{}` in route `{}`", l.name, r.name),
                 );
             }
-            if let Some(rule) = limit_rule(&mut c, &lbase, &r.name, l, &store.redis.key_prefix) {
+            let owner = Owner::Route(&r.name);
+            if let Some(rule) = limit_rule(&mut c, &lbase, owner, l, &store.redis.key_prefix) {
+                if rule.by.contains(&KeyPart::Consumer) && r.consumers.is_none() {
+                    c.err(
+                        &format!("{lbase}.by"),
+                        "`by: consumer` needs `consumers: required` or `optional` on the route",
+                    );
+                }
                 limits.push(rule);
+            }
+        }
+        if r.consumers.is_some() {
+            if plans.is_empty() {
+                c.err(
+                    &format!("{base}.consumers"),
+                    format!(
+                        "route `{}` looks up consumers but no `plans` are defined",
+                        r.name
+                    ),
+                );
+            }
+            // Every plan's limits, tagged with their plan; a request is decided on its own.
+            for (p, (_, plan_limits)) in plans.iter().enumerate() {
+                for rule in plan_limits {
+                    limits.push(LimitRule {
+                        policy: policy_value(&r.name, &rule.name, &rule.params),
+                        plan: Some(p),
+                        ..rule.clone()
+                    });
+                }
             }
         }
         if let (Some(matcher), Some(upstream)) = (matcher, upstream) {
@@ -244,6 +299,7 @@ pub fn compile(
                 strip_prefix: r.strip_prefix,
                 on_store_error: r.on_store_error.unwrap_or(file.store.on_error),
                 limits,
+                consumers: r.consumers,
             });
         }
     }
@@ -277,6 +333,13 @@ pub fn compile(
         client_ip,
         identities,
         routes,
+        consumers: Consumers {
+            plans: plans
+                .into_iter()
+                .map(|(name, limits)| Plan { name, limits })
+                .collect(),
+            ..consumers
+        },
     };
     Ok((boot, table))
 }
@@ -700,10 +763,11 @@ fn key_parts(c: &mut Ctx<'_>, path: &str, by: &serde_yaml::Value) -> Option<Vec<
             "api_key" => Some(KeyPart::ApiKey),
             "user" => Some(KeyPart::User),
             "route" => Some(KeyPart::Route),
+            "consumer" => Some(KeyPart::Consumer),
             _ => match s.strip_prefix("header:") {
                 Some(h) => c.header_name(path, h).map(KeyPart::Header),
                 None => {
-                    c.err(path, format!("unknown key `{s}` in `by` (expected ip, api_key, user, header:NAME, route or a list)"));
+                    c.err(path, format!("unknown key `{s}` in `by` (expected ip, api_key, user, header:NAME, route, consumer or a list)"));
                     None
                 }
             },
@@ -744,14 +808,35 @@ fn key_parts(c: &mut Ctx<'_>, path: &str, by: &serde_yaml::Value) -> Option<Vec<
     }
 }
 
+/// Whose limit is compiled: a route's own, or a plan's (index, name).
+#[derive(Clone, Copy)]
+enum Owner<'a> {
+    Route(&'a str),
+    Plan(usize, &'a str),
+}
+
 fn limit_rule(
     c: &mut Ctx<'_>,
     base: &str,
-    route: &str,
+    owner: Owner<'_>,
     l: &file::Limit,
     prefix: &str,
 ) -> Option<LimitRule> {
-    let by = key_parts(c, &format!("{base}.by"), &l.by);
+    let by = match owner {
+        Owner::Route(_) if l.by.is_null() => {
+            c.err(base, format!("limit `{}` needs `by`", l.name));
+            None
+        }
+        Owner::Route(_) => key_parts(c, &format!("{base}.by"), &l.by),
+        Owner::Plan(..) if l.by.is_null() => Some(vec![KeyPart::Consumer]),
+        Owner::Plan(..) => {
+            c.err(
+                &format!("{base}.by"),
+                "a plan's limits are kept per consumer: omit `by`",
+            );
+            None
+        }
+    };
     let Some(algorithm) = Algorithm::from_name(&l.algorithm) else {
         let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
         c.err(
@@ -766,13 +851,6 @@ fn limit_rule(
     };
     let rate_path = format!("{base}.rate");
     let burst_path = format!("{base}.burst");
-    let (n, window) = match units::rate(&l.rate) {
-        Ok(r) => r,
-        Err(e) => {
-            c.err(&rate_path, e);
-            return None;
-        }
-    };
     if l.burst.is_some() && !algorithm.is_bucket() {
         c.err(
             &burst_path,
@@ -783,12 +861,35 @@ fn limit_rule(
         );
         return None;
     }
-    let params = match Params::new(
-        algorithm,
-        n,
-        u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
-        l.burst,
-    ) {
+    let params = if let Some(n) = monthly(&l.rate) {
+        if algorithm != Algorithm::FixedWindow {
+            c.err(
+                &rate_path,
+                format!(
+                    "calendar windows (`N/month`) apply to fixed_window, not {}",
+                    algorithm.name()
+                ),
+            );
+            return None;
+        }
+        n.map_err(|_| ParamsError::ZeroLimit)
+            .and_then(Params::monthly)
+    } else {
+        let (n, window) = match units::rate(&l.rate) {
+            Ok(r) => r,
+            Err(e) => {
+                c.err(&rate_path, e);
+                return None;
+            }
+        };
+        Params::new(
+            algorithm,
+            n,
+            u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+            l.burst,
+        )
+    };
+    let params = match params {
         Ok(p) => p,
         Err(e) => {
             let at = match e {
@@ -803,16 +904,234 @@ fn limit_rule(
     };
     let cost = cost(c, &format!("{base}.cost"), l.cost.as_ref(), params.capacity)?;
     let by = by?;
+    let (name, key_base, plan, policy) = match owner {
+        Owner::Route(route) => (
+            l.name.clone(),
+            format!("{prefix}{route}:{}:{}:", l.name, algorithm.name()),
+            None,
+            policy_value(route, &l.name, &params),
+        ),
+        // Kept per consumer, whatever the route and the plan: every route draws on one
+        // quota, and a plan change keeps the counters of a limit of the same name and
+        // algorithm. The policy item is the route's, filled in per route.
+        Owner::Plan(p, plan) => (
+            format!("{plan}/{}", l.name),
+            format!("{prefix}_plans:{}:{}:", l.name, algorithm.name()),
+            Some(p),
+            HeaderValue::from_static(""),
+        ),
+    };
     Some(LimitRule {
-        name: l.name.as_str().into(),
+        name: name.into(),
         by,
         params,
         cost,
         shadow: l.shadow,
         on_missing: l.on_missing,
-        key_base: format!("{prefix}{route}:{}:{}:", l.name, algorithm.name()),
-        policy: policy_value(route, &l.name, &params),
+        key_base,
+        policy,
+        headers: l.headers,
+        plan,
     })
+}
+
+/// `N/month`: `Some(Ok(N))`; `Some(Err)` for a bad N; `None` for any other rate.
+fn monthly(rate: &str) -> Option<Result<u64, ()>> {
+    let (n, w) = rate.trim().split_once('/')?;
+    (w.trim() == "month").then(|| n.trim().parse().map_err(|_| ()))
+}
+
+/// `plans`: each plan's limits, in name order (a plan is referred to by its index).
+fn plans(c: &mut Ctx<'_>, file: &File, prefix: &str) -> Vec<(Arc<str>, Vec<LimitRule>)> {
+    let mut out = Vec::with_capacity(file.plans.len());
+    for (p, (name, plan)) in file.plans.iter().enumerate() {
+        let base = format!("plans.{name}");
+        if !valid_name(name) {
+            c.err(
+                &base,
+                format!("plan name `{name}` must be non-empty [a-z0-9_-]"),
+            );
+        }
+        if plan.limits.is_empty() {
+            c.err(
+                &format!("{base}.limits"),
+                format!("plan `{name}` has no limits"),
+            );
+        }
+        let mut names = HashSet::new();
+        let mut limits = Vec::with_capacity(plan.limits.len());
+        for (j, l) in plan.limits.iter().enumerate() {
+            let lbase = format!("{base}.limits[{j}]");
+            if !valid_name(&l.name) {
+                c.err(
+                    &format!("{lbase}.name"),
+                    format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
+                );
+            } else if !names.insert(l.name.clone()) {
+                c.err(
+                    &format!("{lbase}.name"),
+                    format!("duplicate limit name `{}` in plan `{name}`", l.name),
+                );
+            }
+            if let Some(rule) = limit_rule(c, &lbase, Owner::Plan(p, name), l, prefix) {
+                limits.push(rule);
+            }
+        }
+        out.push((Arc::from(name.as_str()), limits));
+    }
+    out
+}
+
+/// `consumers` (or `consumers_file`) and `anonymous_plan`, against the compiled `plans`.
+fn consumers(c: &mut Ctx<'_>, file: &File, plans: &[(Arc<str>, Vec<LimitRule>)]) -> Consumers {
+    let mut out = Consumers::default();
+    if let Some(a) = &file.anonymous_plan {
+        out.anonymous = plans.iter().position(|(p, _)| p.as_ref() == a.as_str());
+        if out.anonymous.is_none() {
+            c.err(
+                "anonymous_plan",
+                format!("unknown plan `{a}` (plans: {})", plan_names(plans)),
+            );
+        }
+    }
+    // The list, from this file or its own (errors then point into that file).
+    match &file.consumers_file {
+        None => consumer_list(c, &file.consumers, "consumers", plans, &mut out),
+        Some(_) if !file.consumers.is_empty() => {
+            c.err(
+                "consumers_file",
+                "give `consumers` or `consumers_file`, not both",
+            );
+        }
+        Some(path) => {
+            let path = c.path(path);
+            match read_consumers(&path) {
+                Ok((list, pos)) => {
+                    let name = path.display().to_string();
+                    let mut sub = Ctx {
+                        name: &name,
+                        pos: &pos,
+                        errors: Vec::new(),
+                    };
+                    consumer_list(&mut sub, &list, "", plans, &mut out);
+                    c.errors.extend(sub.errors);
+                }
+                Err(e) => c.errors.extend(e.0),
+            }
+        }
+    }
+    out
+}
+
+/// Add `list` (at `prefix` in the file `here` reports into) to `out`.
+fn consumer_list(
+    here: &mut Ctx<'_>,
+    list: &[file::Consumer],
+    prefix: &str,
+    plans: &[(Arc<str>, Vec<LimitRule>)],
+    out: &mut Consumers,
+) {
+    let plan_index = |name: &str| plans.iter().position(|(p, _)| &**p == name);
+    let mut names = HashSet::new();
+    for (i, k) in list.iter().enumerate() {
+        let base = format!("{prefix}[{i}]");
+        if !valid_name(&k.name) {
+            here.err(
+                &format!("{base}.name"),
+                format!("consumer name `{}` must be non-empty [a-z0-9_-]", k.name),
+            );
+        } else if !names.insert(k.name.as_str()) {
+            here.err(
+                &format!("{base}.name"),
+                format!("duplicate consumer `{}`", k.name),
+            );
+        }
+        let Some(plan) = plan_index(&k.plan) else {
+            here.err(
+                &format!("{base}.plan"),
+                format!("unknown plan `{}` (plans: {})", k.plan, plan_names(plans)),
+            );
+            continue;
+        };
+        if k.keys.is_empty() && k.keys_sha256.is_empty() {
+            here.err(
+                &base,
+                format!("consumer `{}` has no `keys` or `keys_sha256`", k.name),
+            );
+        }
+        let index = out.list.len();
+        let mut add = |here: &mut Ctx<'_>, at: String, digest: [u8; 32], shown: &str| match out
+            .by_digest
+            .get(&digest)
+        {
+            Some(&other) => here.err(
+                &at,
+                format!(
+                    "{shown} already belongs to consumer `{}`",
+                    out.list[other].name
+                ),
+            ),
+            None => {
+                out.by_digest.insert(digest, index);
+            }
+        };
+        for (j, h) in k.keys_sha256.iter().enumerate() {
+            let at = format!("{base}.keys_sha256[{j}]");
+            match sha256_hex(h) {
+                Some(d) => add(here, at, d, &format!("key sha256 `{}…`", &h[..8])),
+                None => here.err(&at, "not a SHA-256 digest: expected 64 hexadecimal digits"),
+            }
+        }
+        for (j, key) in k.keys.iter().enumerate() {
+            let at = format!("{base}.keys[{j}]");
+            if key.is_empty() {
+                here.err(&at, "an API key may not be empty");
+                continue;
+            }
+            use sha2::{Digest, Sha256};
+            // The key itself is never echoed: errors name its position only.
+            add(here, at, Sha256::digest(key.as_bytes()).into(), "this key");
+        }
+        out.list.push(Consumer {
+            name: k.name.as_str().into(),
+            plan,
+        });
+    }
+}
+
+fn plan_names(plans: &[(Arc<str>, Vec<LimitRule>)]) -> String {
+    plans
+        .iter()
+        .map(|(p, _)| format!("`{p}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// 64 hex digits (either case) as 32 bytes.
+fn sha256_hex(h: &str) -> Option<[u8; 32]> {
+    if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// The consumer list of a `consumers_file`, with positions for its errors.
+fn read_consumers(path: &Path) -> Result<(Vec<file::Consumer>, Positions), ConfigErrors> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: name.clone(),
+            line: 1,
+            col: 1,
+            message: format!("cannot read consumers_file: {e}"),
+        }])
+    })?;
+    let list = super::parse_yaml(&name, &text)?;
+    Ok((list, Positions::index(&text)))
 }
 
 fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u64) -> Option<Cost> {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::model::consumer::ConsumerMode;
 use crate::model::path::EscapedSlashes;
 use crate::model::policy::{HeadersMode, OnError, OnMissing, RedisMode, StoreKind};
 
@@ -35,6 +36,35 @@ pub struct File {
     pub paths: Paths,
     pub upstreams: BTreeMap<String, Upstream>,
     pub routes: Vec<Route>,
+    /// Named lists of limits a consumer's requests get (SPEC §10).
+    #[serde(default)]
+    pub plans: BTreeMap<String, Plan>,
+    #[serde(default)]
+    pub anonymous_plan: Option<String>,
+    #[serde(default)]
+    pub consumers: Vec<Consumer>,
+    /// A YAML file holding the consumer list (instead of `consumers`), reloaded live.
+    #[serde(default)]
+    pub consumers_file: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Plan {
+    pub limits: Vec<Limit>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Consumer {
+    pub name: String,
+    pub plan: String,
+    /// SHA-256 of each key, hex.
+    #[serde(default)]
+    pub keys_sha256: Vec<String>,
+    /// Plain keys: hashed at load, never logged or stored. Never shown by `/admin/config`.
+    #[serde(default, skip_serializing)]
+    pub keys: Vec<String>,
 }
 
 /// `listen`: one cleartext address, or a list of listeners (SPEC §9).
@@ -366,6 +396,8 @@ pub struct Route {
     pub on_store_error: Option<OnError>,
     #[serde(default)]
     pub limits: Vec<Limit>,
+    #[serde(default)]
+    pub consumers: Option<ConsumerMode>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
@@ -389,7 +421,9 @@ pub struct Match {
 #[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
-    /// `ip | api_key | user | header:NAME | route`, or a list of them (composite key).
+    /// `ip | api_key | user | header:NAME | route | consumer`, or a list of them (composite
+    /// key). Required on a route's limits; a plan's limits are keyed by consumer and omit it.
+    #[serde(default)]
     pub by: serde_yaml::Value,
     pub algorithm: String,
     pub rate: String,
@@ -402,4 +436,7 @@ pub struct Limit {
     pub shadow: bool,
     #[serde(default)]
     pub on_missing: OnMissing,
+    /// `false`: never shown in the RateLimit fields.
+    #[serde(default = "d_true")]
+    pub headers: bool,
 }

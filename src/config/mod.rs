@@ -89,6 +89,15 @@ pub fn load_str(name: &str, text: &str) -> Result<Loaded, ConfigErrors> {
 
 /// Parse config text into its file form (structure and types only).
 pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
+    parse_yaml(name, text)
+}
+
+/// Parse YAML text named `name` into `T`, with the alias bound and positioned errors (the
+/// config file, and a `consumers_file`).
+pub fn parse_yaml<T: serde::de::DeserializeOwned>(
+    name: &str,
+    text: &str,
+) -> Result<T, ConfigErrors> {
     if let Err((line, col, message)) = aliases::check(text) {
         return Err(ConfigErrors(vec![ConfigError {
             file: name.to_string(),

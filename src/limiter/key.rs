@@ -26,6 +26,14 @@ pub fn material<'a>(values: impl IntoIterator<Item = &'a str>) -> String {
     m
 }
 
+/// Marks the anonymous plan's identity (the client's address): never a consumer's name.
+const ANONYMOUS: &str = "\u{1}anonymous\0";
+
+/// The material of a plan limit for a request on `anonymous_plan` from `ip_key`.
+pub fn anonymous(ip_key: &str) -> String {
+    format!("{ANONYMOUS}{ip_key}")
+}
+
 /// The material of the `on_missing: ip` fallback for a client whose `by: ip` value is `ip_key`.
 pub fn ip_fallback(ip_key: &str) -> String {
     format!("{IP_FALLBACK}{ip_key}")

@@ -17,6 +17,8 @@ pub enum KeyPart {
     Header(HeaderName),
     /// The whole route shares one counter.
     Route,
+    /// The consumer whose API key the request carries (missing when none matched).
+    Consumer,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,6 +43,11 @@ pub struct LimitRule {
     /// `{prefix}{route}:{limit}:{algorithm}:`; the hashed identity follows in braces (a
     /// Redis Cluster hash tag). Rate and burst are not part of it, so editing them keeps state.
     pub key_base: String,
-    /// The `RateLimit-Policy` item, computed at load.
+    /// The `RateLimit-Policy` item, computed at load (for calendar months, per request).
     pub policy: HeaderValue,
+    /// `false`: never advertised in the RateLimit fields (its 429 still has Retry-After).
+    pub headers: bool,
+    /// A plan's limit (index into `Consumers::plans`), decided only for requests on that
+    /// plan and keyed by consumer across routes; `None`: the route's own.
+    pub plan: Option<usize>,
 }

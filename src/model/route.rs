@@ -6,6 +6,7 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use regex::Regex;
 
+use crate::model::consumer::ConsumerMode;
 use crate::model::limit::LimitRule;
 use crate::model::policy::OnError;
 
@@ -16,7 +17,11 @@ pub struct Route {
     pub upstream: usize,
     pub strip_prefix: bool,
     pub on_store_error: OnError,
+    /// The route's own limits, then (with `consumers`) every plan's limits, each tagged with
+    /// its plan: a request is decided on its own and its plan's, by index into this list.
     pub limits: Vec<LimitRule>,
+    /// `consumers:`: whether the caller's API key is looked up for a plan.
+    pub consumers: Option<ConsumerMode>,
 }
 
 pub enum PathMatch {

@@ -8,6 +8,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::model::consumer::Consumers;
 use crate::model::identity::{ClientIpRules, IdentitySources};
 use crate::model::path::PathRules;
 use crate::model::policy::{HeadersMode, OnError, RedisMode, StoreKind};
@@ -63,6 +64,7 @@ pub struct Table {
     /// connection pools (see [`crate::runtime`]), so a reload does not drop them.
     pub upstreams: Vec<UpstreamSpec>,
     pub routes: Vec<Route>,
+    pub consumers: Consumers,
 }
 
 /// One upstream's settings. Two loads with equal specs share one client (and its warm

@@ -11,6 +11,7 @@ use crate::limiter::key;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
 use crate::limiter::store::{LimitCall, StoreError};
+use crate::model::consumer::{ConsumerMode, Consumers, PlanOf};
 use crate::model::limit::{Cost, KeyPart, LimitRule};
 use crate::model::outcome::Outcome;
 use crate::model::policy::{OnError, OnMissing};
@@ -88,6 +89,7 @@ pub fn identity_material(
             KeyPart::User => who.user().map(str::to_owned),
             KeyPart::Header(h) => who.header(h),
             KeyPart::Route => Some(String::new()),
+            KeyPart::Consumer => who.consumer.map(str::to_owned),
         };
         match v {
             Some(v) => values.push(v),
@@ -128,15 +130,57 @@ pub struct Plan {
     calls: Vec<LimitCall>,
     /// For each call, the index of its limit in the route.
     which: Vec<usize>,
+    /// On a route with `consumers:`, whose plan applied.
+    pub plan_of: Option<PlanOf>,
 }
 
-/// Resolve each limit's identity and cost. A missing identity with `on_missing: reject` or a
-/// bad cost header answers the request right away.
-pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Plan, GatewayError> {
+/// Which plan a request on a route with `consumers:` gets: its consumer's, else the anonymous
+/// plan, else none (`optional`) or 401 (`required`).
+pub fn plan_of(
+    mode: ConsumerMode,
+    consumers: &Consumers,
+    api_key: Option<&str>,
+) -> Result<Option<PlanOf>, GatewayError> {
+    if let Some(i) = api_key.and_then(|k| consumers.find(k)) {
+        return Ok(Some(PlanOf::Consumer(i)));
+    }
+    match (consumers.anonymous, mode) {
+        (Some(p), _) => Ok(Some(PlanOf::Anonymous(p))),
+        (None, ConsumerMode::Optional) => Ok(None),
+        (None, ConsumerMode::Required) => Err(GatewayError::UnknownConsumer {
+            key_present: api_key.is_some(),
+        }),
+    }
+}
+
+/// Resolve each limit's identity and cost. A missing identity with `on_missing: reject`, a bad
+/// cost header, or (on a `consumers: required` route) no known consumer answers the request
+/// right away.
+pub fn plan<'a>(
+    route: &Route,
+    who: &mut Identity<'a>,
+    headers: &HeaderMap,
+    consumers: &'a Consumers,
+) -> Result<Plan, GatewayError> {
+    let plan_of = match route.consumers {
+        Some(mode) => plan_of(mode, consumers, who.api_key())?,
+        None => None,
+    };
+    let plan = plan_of.map(|p| p.plan(consumers));
+    if let Some(PlanOf::Consumer(i)) = plan_of {
+        who.consumer = Some(&consumers.list[i].name);
+    }
     let mut calls = Vec::with_capacity(route.limits.len());
     let mut which = Vec::with_capacity(route.limits.len());
     for (i, rule) in route.limits.iter().enumerate() {
-        let Some(material) = identity_material(rule, who)? else {
+        let material = match (rule.plan, plan_of) {
+            (None, _) => identity_material(rule, who)?,
+            // Another plan's limit, or no plan at all: not this request's.
+            (Some(p), _) if Some(p) != plan => None,
+            (Some(_), Some(PlanOf::Anonymous(_))) => Some(key::anonymous(&who.ip_key)),
+            (Some(_), _) => identity_material(rule, who)?,
+        };
+        let Some(material) = material else {
             continue;
         };
         let cost = cost(rule, headers)?;
@@ -148,7 +192,11 @@ pub fn plan(route: &Route, who: &Identity<'_>, headers: &HeaderMap) -> Result<Pl
         });
         which.push(i);
     }
-    Ok(Plan { calls, which })
+    Ok(Plan {
+        calls,
+        which,
+        plan_of,
+    })
 }
 
 /// The stores a decision may use: the configured one, the embedded one for `on_error: local`,
@@ -162,7 +210,7 @@ pub struct Stores<'a> {
 /// Decide the planned limits in one store call and apply the route's store-error policy.
 pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission, Verdict) {
     let mut adm = Admission::default();
-    let Plan { calls, which } = plan;
+    let Plan { calls, which, .. } = plan;
     if calls.is_empty() {
         return (adm, Verdict::Pass(Outcome::Forwarded));
     }
@@ -181,7 +229,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         }
         if let Some((i, d)) = hit.filter(|_| stores.store.healthy()) {
             adm.decisions = vec![(i, DecisionLabel::Limited)];
-            adm.headline = Some((i, d));
+            adm.headline = route.limits[i].headers.then_some((i, d));
             return (adm, refuse(route, i, d));
         }
     }
@@ -250,15 +298,18 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         {
             refused = Some((i, *d));
         }
-        if tightest.is_none_or(|(_, t)| {
-            (d.remaining, std::cmp::Reverse(d.reset_after_us))
-                < (t.remaining, std::cmp::Reverse(t.reset_after_us))
-        }) {
+        if rule.headers
+            && tightest.is_none_or(|(_, t)| {
+                (d.remaining, std::cmp::Reverse(d.reset_after_us))
+                    < (t.remaining, std::cmp::Reverse(t.reset_after_us))
+            })
+        {
             tightest = Some((i, *d));
         }
     }
     if let Some((i, d)) = refused {
-        adm.headline = Some((i, d));
+        // A hidden limit (`headers: false`) still gives its Retry-After, but no fields.
+        adm.headline = route.limits[i].headers.then_some((i, d));
         return (adm, refuse(route, i, d));
     }
     adm.headline = tightest;

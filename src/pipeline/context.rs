@@ -13,6 +13,7 @@ use http::Uri;
 use super::admit::Admission;
 use super::headers::request_id;
 use super::live::Live;
+use crate::model::consumer::PlanOf;
 use crate::model::outcome::Outcome;
 
 /// What the listener knows about the connection a request came on.
@@ -58,6 +59,8 @@ pub struct Ctx {
     /// Index of the matched route in the table.
     pub route: Option<usize>,
     pub admission: Admission,
+    /// On a route with `consumers:`, whose plan the request was decided on.
+    pub plan: Option<PlanOf>,
     /// The outcome so far (set by the phase that answers or forwards).
     pub outcome: Outcome,
     /// The upstream target that answered.
@@ -98,6 +101,7 @@ impl Ctx {
             normalized: None,
             route: None,
             admission: Admission::default(),
+            plan: None,
             outcome: Outcome::Forwarded,
             upstream: None,
             upstream_time: None,

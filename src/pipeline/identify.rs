@@ -190,6 +190,8 @@ pub struct Identity<'a> {
     sources: &'a IdentitySources,
     api_key: std::cell::OnceCell<Option<String>>,
     user: std::cell::OnceCell<Option<String>>,
+    /// The consumer whose key the request carries (routes with `consumers:` only).
+    pub consumer: Option<&'a str>,
 }
 
 impl<'a> Identity<'a> {
@@ -209,6 +211,7 @@ impl<'a> Identity<'a> {
             sources,
             api_key: Default::default(),
             user: Default::default(),
+            consumer: None,
         }
     }
 

@@ -7,9 +7,10 @@
 use std::sync::Arc;
 
 use crate::config::file::File;
+use crate::model::consumer::ANONYMOUS;
 use crate::model::table::Table;
 use crate::pipeline::upstream::Upstream;
-use crate::telemetry::metrics::{Metrics, RouteMetrics};
+use crate::telemetry::metrics::{Metrics, PlanMetrics, RouteMetrics};
 
 pub struct Live {
     pub table: Table,
@@ -21,6 +22,10 @@ pub struct Live {
     pub routes: Vec<RouteMetrics>,
     /// Route `_none`.
     pub no_route: RouteMetrics,
+    /// By index of `Consumers::plans`.
+    pub plans: Vec<PlanMetrics>,
+    /// Requests on `anonymous_plan` (label `_anonymous`).
+    pub anonymous: Option<PlanMetrics>,
 }
 
 impl Live {
@@ -46,10 +51,17 @@ impl Live {
             })
             .collect();
         let routes = table.routes.iter().map(|r| metrics.route(r)).collect();
+        let consumers = &table.consumers;
         Live {
             upstreams,
             routes,
             no_route: metrics.no_route(),
+            plans: consumers
+                .plans
+                .iter()
+                .map(|p| metrics.plan(&p.name))
+                .collect(),
+            anonymous: consumers.anonymous.map(|_| metrics.plan(ANONYMOUS)),
             table,
             file,
         }

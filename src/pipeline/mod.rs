@@ -31,6 +31,7 @@ use http::{Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
+use crate::model::consumer::PlanOf;
 use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
@@ -161,15 +162,16 @@ impl Gateway {
         }
         let table = &ctx.live.table;
         let plan = {
-            let who = Identity::new(
+            let mut who = Identity::new(
                 ctx.peer.ip(),
                 &ctx.parts.headers,
                 ctx.uri.query(),
                 &table.client_ip,
                 &table.identities,
             );
-            admit::plan(route, &who, &ctx.parts.headers)?
+            admit::plan(route, &mut who, &ctx.parts.headers, &table.consumers)?
         };
+        ctx.plan = plan.plan_of;
         let stores = admit::Stores {
             store: &self.store,
             local: &self.local,
@@ -227,12 +229,18 @@ impl Gateway {
         if let (Some(index), Some((i, d))) = (ctx.route, ctx.admission.headline) {
             let route = &ctx.live.table.routes[index];
             let rule = &route.limits[i];
+            // A calendar month's `w` is the current month's length.
+            let policy = if rule.params.month {
+                ratelimit::policy_at(&route.name, &rule.name, &rule.params, unix_now_us())
+            } else {
+                rule.policy.clone()
+            };
             ratelimit::apply(
                 res.headers_mut(),
                 ctx.live.table.headers,
                 &route.name,
                 &rule.name,
-                &rule.policy,
+                &policy,
                 &d,
             );
         }
@@ -312,6 +320,17 @@ impl Gateway {
         };
         let elapsed = ctx.started.elapsed();
         handles.request(ctx.outcome, elapsed.as_secs_f64());
+        let plan = match ctx.plan {
+            Some(PlanOf::Consumer(c)) => {
+                let p = ctx.live.table.consumers.list[c].plan;
+                ctx.live.plans.get(p)
+            }
+            Some(PlanOf::Anonymous(_)) => ctx.live.anonymous.as_ref(),
+            None => None,
+        };
+        if let Some(p) = plan {
+            p.request(ctx.outcome);
+        }
         if let Some((secs, class)) = ctx.upstream_time {
             handles.upstream(class, secs);
         }
@@ -351,3 +370,9 @@ fn chunked_only(headers: &http::HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests;
+
+/// Unix µs for what the gateway tells clients about calendar windows (the embedded store's
+/// clock; a decision on Redis uses Redis's, and a month boundary is the same for both).
+fn unix_now_us() -> u64 {
+    crate::limiter::store::memory::Clock::System.now_us()
+}

@@ -23,6 +23,9 @@ pub enum GatewayError {
     MissingIdentity { limit: Arc<str> },
     #[error("header `{header}` must be an integer cost from 1 to {max}")]
     BadCost { header: String, max: u64 },
+    /// A `consumers: required` route, and the request's API key is missing or nobody's.
+    #[error("{}", if *key_present { "this API key belongs to no consumer" } else { "this route needs an API key" })]
+    UnknownConsumer { key_present: bool },
     #[error("rate limit `{route}/{limit}` exceeded; retry in {retry_after} s")]
     Limited {
         route: Arc<str>,
@@ -54,7 +57,9 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         match self {
             GatewayError::NoRoute => StatusCode::NOT_FOUND,
-            GatewayError::MissingIdentity { .. } => StatusCode::UNAUTHORIZED,
+            GatewayError::MissingIdentity { .. } | GatewayError::UnknownConsumer { .. } => {
+                StatusCode::UNAUTHORIZED
+            }
             GatewayError::BadCost { .. } => StatusCode::BAD_REQUEST,
             GatewayError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -71,9 +76,9 @@ impl GatewayError {
     pub fn outcome(&self) -> Outcome {
         match self {
             GatewayError::NoRoute => Outcome::NoRoute,
-            GatewayError::MissingIdentity { .. } | GatewayError::BadCost { .. } => {
-                Outcome::RejectedIdentity
-            }
+            GatewayError::MissingIdentity { .. }
+            | GatewayError::BadCost { .. }
+            | GatewayError::UnknownConsumer { .. } => Outcome::RejectedIdentity,
             GatewayError::Limited { .. } => Outcome::Limited,
             GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
             GatewayError::Upstream(ForwardError::ClientBody(_))

@@ -73,8 +73,8 @@ async fn admit(
 ) -> Result<(Admission, Verdict), GatewayError> {
     let t = &l.table;
     let route = &t.routes[0];
-    let who = Identity::new(PEER, headers, None, &t.client_ip, &t.identities);
-    let plan = admit::plan(route, &who, headers)?;
+    let mut who = Identity::new(PEER, headers, None, &t.client_ip, &t.identities);
+    let plan = admit::plan(route, &mut who, headers, &t.consumers)?;
     let stores = admit::Stores {
         store,
         local,

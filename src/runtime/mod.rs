@@ -27,8 +27,9 @@ pub struct Runtime {
     last_seen: parking_lot::Mutex<String>,
     /// By index of `boot.listeners`: what new TLS handshakes are served (`None`: cleartext).
     pub certificates: Vec<Option<Arc<Resolver>>>,
-    /// The certificate and key files the running config names (watched, fingerprinted).
-    cert_files: parking_lot::Mutex<Vec<PathBuf>>,
+    /// The files the running config reads: certificates, `consumers_file` (watched,
+    /// fingerprinted).
+    watched: parking_lot::Mutex<Vec<PathBuf>>,
     /// The file watcher, kept here so reloads can add certificate directories to it.
     watcher: parking_lot::Mutex<Option<notify::RecommendedWatcher>>,
 }
@@ -41,9 +42,9 @@ impl Runtime {
         config_path: PathBuf,
         certificates: Vec<Option<Arc<CertSet>>>,
     ) -> Runtime {
-        let last_seen = reload::fingerprint(&config_path, &boot);
+        let (last_seen, watched) = reload::fingerprint(&config_path, &gateway.live.load().file);
         let rt = Runtime {
-            cert_files: parking_lot::Mutex::new(reload::cert_files(&boot)),
+            watched: parking_lot::Mutex::new(watched),
             watcher: Default::default(),
             gateway: Arc::new(gateway),
             certificates: certificates

@@ -13,7 +13,6 @@ use sha2::{Digest, Sha256};
 use super::Runtime;
 use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
-use crate::model::table::Boot;
 use crate::pipeline::live::Live;
 
 /// How long a file that does not parse is given to finish being written (see [`reload`]).
@@ -61,12 +60,22 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
             text = again;
         }
     }
-    if trigger == Trigger::File {
+    // The files the new text reads (certificates, consumers_file; the running ones when it
+    // does not parse): their directories are watched from now on, and their bytes are part of
+    // what a file event is compared with, so a missing file that appears later is a reload.
+    let files = text
+        .as_deref()
+        .ok()
+        .and_then(|t| config::parse(&name, t).ok())
+        .map(|f| config::compile::watched_files(&name, &f))
+        .unwrap_or_else(|| gw.watched.lock().clone());
+    watch_dirs(gw, &files);
+    let hash = fingerprint_of(text.as_deref().unwrap_or(""), &files);
+    {
         // Editors write several events per save, and a directory holds more than the config:
-        // act only when the config or a certificate file it names really changed.
+        // a file event acts only when the config or a certificate file it names changed.
         let mut last = gw.last_seen.lock();
-        let hash = fingerprint_of(text.as_deref().unwrap_or(""), &gw.cert_files.lock());
-        if *last == hash {
+        if trigger == Trigger::File && *last == hash {
             return Ok(gw.live.load().table.version.clone());
         }
         *last = hash;
@@ -83,14 +92,8 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         config::compile_file(&name, &text, file)
     });
     let result = result.map(|loaded| {
-        let files = cert_files(&loaded.boot);
         let version = apply(gw, loaded);
-        // What the next file event is compared with, and which directories it may come from.
-        if let Ok(text) = std::fs::read_to_string(&gw.config_path) {
-            *gw.last_seen.lock() = fingerprint_of(&text, &files);
-        }
-        watch_cert_dirs(gw, &files);
-        *gw.cert_files.lock() = files;
+        *gw.watched.lock() = files;
         version
     });
     match &result {
@@ -153,6 +156,17 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         })
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
+    let gone_plans: Vec<String> = old
+        .consumers
+        .plans
+        .iter()
+        .filter(|p| !new.consumers.plans.iter().any(|n| n.name == p.name))
+        .map(|p| p.name.to_string())
+        .chain(
+            (old.consumers.anonymous.is_some() && new.consumers.anonymous.is_none())
+                .then(|| crate::model::consumer::ANONYMOUS.to_string()),
+        )
+        .collect();
     let version = new.version.clone();
     gw.live.store(Arc::new(Live::new(
         new,
@@ -180,24 +194,17 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         deny.clear();
     }
     gw.metrics.forget(&gone_routes, &gone_limits);
+    gw.metrics.forget_plans(&gone_plans);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version
 }
 
-/// The certificate and key files `boot`'s listeners name.
-pub fn cert_files(boot: &Boot) -> Vec<PathBuf> {
-    boot.listeners
-        .iter()
-        .filter_map(|l| l.tls.as_ref())
-        .flat_map(|t| &t.certificates)
-        .flat_map(|c| [c.cert.clone(), c.key.clone()])
-        .collect()
-}
-
-/// A hash of the config at `path` and of every certificate file `boot` names.
-pub fn fingerprint(path: &Path, boot: &Boot) -> String {
+/// What a file event is compared with: the config at `path` (as loaded into `file`) and the
+/// files it reads.
+pub fn fingerprint(path: &Path, file: &config::file::File) -> (String, Vec<PathBuf>) {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    fingerprint_of(&text, &cert_files(boot))
+    let files = config::compile::watched_files(&path.display().to_string(), file);
+    (fingerprint_of(&text, &files), files)
 }
 
 /// A hash of `text` and the bytes of `files` (a file that cannot be read counts as empty:
@@ -215,14 +222,14 @@ fn fingerprint_of(text: &str, files: &[PathBuf]) -> String {
         .collect()
 }
 
-/// Watch the directories of `files` too (certificates may live apart from the config;
-/// watching a directory twice is harmless).
-fn watch_cert_dirs(gw: &Runtime, files: &[PathBuf]) {
+/// Watch the directories of `files` too (certificates and consumers may live apart from the
+/// config; watching a directory twice is harmless).
+fn watch_dirs(gw: &Runtime, files: &[PathBuf]) {
     let mut watcher = gw.watcher.lock();
     let Some(w) = watcher.as_mut() else { return };
     for dir in files.iter().map(|f| watch_dir(f)) {
         if let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a certificate directory; rotate with SIGHUP or POST /admin/reload");
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory the config reads from; reload with SIGHUP or POST /admin/reload");
         }
     }
 }
@@ -238,7 +245,7 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
     })?;
     watcher.watch(&watch_dir(&gw.config_path), RecursiveMode::NonRecursive)?;
     *gw.watcher.lock() = Some(watcher);
-    watch_cert_dirs(&gw, &gw.cert_files.lock().clone());
+    watch_dirs(&gw, &gw.watched.lock().clone());
     let file_gw = gw.clone();
     tokio::spawn(async move {
         while rx.recv().await.is_some() {

@@ -22,6 +22,7 @@ pub struct Metrics {
     pub reloads: IntCounterVec,
     pub config_info: IntGaugeVec,
     pub tls_expiry: IntGaugeVec,
+    pub plan_requests: IntCounterVec,
 }
 
 /// Request latency buckets: 0.5 ms to 10 s.
@@ -115,6 +116,11 @@ impl Metrics {
                 "Each served certificate's notAfter as a Unix time, by listener and first DNS name.",
                 &["listener", "cert"],
             ),
+            plan_requests: counter(
+                "sluice_plan_requests_total",
+                "Requests on routes with consumers, by plan and outcome (never by consumer).",
+                &["plan", "outcome"],
+            ),
             registry,
         };
         for kind in STORE_ERROR_KINDS {
@@ -153,6 +159,25 @@ impl Metrics {
                         .collect()
                 })
                 .collect(),
+        }
+    }
+
+    /// The handles of a plan (`_anonymous` for the anonymous plan's requests).
+    pub fn plan(&self, plan: &str) -> PlanMetrics {
+        // Every outcome a routed request can have.
+        let mut v = vec![None; Outcome::ALL.len()];
+        for o in Outcome::ALL.iter().filter(|o| **o != Outcome::NoRoute) {
+            v[*o as usize] = Some(self.plan_requests.with_label_values(&[plan, o.as_str()]));
+        }
+        PlanMetrics(v)
+    }
+
+    /// Forget the series of plans a reload removed.
+    pub fn forget_plans(&self, plans: &[String]) {
+        for plan in plans {
+            for o in Outcome::ALL {
+                let _ = self.plan_requests.remove_label_values(&[plan, o.as_str()]);
+            }
         }
     }
 
@@ -291,6 +316,17 @@ impl RouteMetrics {
     pub fn decision(&self, limit: usize, d: DecisionLabel) {
         if let Some(c) = self.limits.get(limit) {
             c[d as usize].inc();
+        }
+    }
+}
+
+/// A plan's request counters, by [`Outcome`] index.
+pub struct PlanMetrics(Vec<Option<IntCounter>>);
+
+impl PlanMetrics {
+    pub fn request(&self, outcome: Outcome) {
+        if let Some(c) = &self.0[outcome as usize] {
+            c.inc();
         }
     }
 }

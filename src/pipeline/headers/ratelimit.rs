@@ -23,10 +23,19 @@ pub fn retry_after_secs(retry_after_us: u64) -> u64 {
 /// `"<route>/<limit>";q=<N>;w=<window seconds>` (+ `;sluice-burst=<C>` for buckets).
 /// A window that is not whole seconds is rounded up (`w` is an integer in the draft).
 pub fn policy_value(route: &str, limit: &str, p: &Params) -> HeaderValue {
+    policy_with_window(route, limit, p, p.window_us)
+}
+
+/// The policy item at `now_us` (Unix µs): for a calendar month, `w` is that month's length.
+pub fn policy_at(route: &str, limit: &str, p: &Params, now_us: u64) -> HeaderValue {
+    policy_with_window(route, limit, p, p.window_at(now_us))
+}
+
+fn policy_with_window(route: &str, limit: &str, p: &Params, window_us: u64) -> HeaderValue {
     let mut s = format!(
         "\"{route}/{limit}\";q={};w={}",
         p.limit,
-        p.window_us.div_ceil(1_000_000)
+        window_us.div_ceil(1_000_000)
     );
     if p.algorithm.is_bucket() {
         s.push_str(&format!(";sluice-burst={}", p.capacity));
