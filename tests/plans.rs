@@ -434,7 +434,7 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
     let log = s.wait_log(&["config reload rejected"]);
     let at = format!("{}:", path.display());
     assert!(
-        log.contains(&format!("{at}")) && log.contains("unknown plan `gold`"),
+        log.contains(&at) && log.contains("unknown plan `gold`"),
         "{log}"
     );
     assert!(log.contains("duplicate consumer `newcomer`"), "{log}");
