@@ -22,14 +22,11 @@ pub struct Runtime {
     pub config_path: PathBuf,
     /// Reloads run one at a time.
     reload_lock: parking_lot::Mutex<()>,
-    /// Hash of the config content and the certificate files it names, last seen by a file
-    /// event (to ignore no-op events).
-    last_seen: parking_lot::Mutex<String>,
+    /// The config content and the files it reads as last seen (file events that change
+    /// neither are not reloads).
+    last_seen: parking_lot::Mutex<reload::Seen>,
     /// By index of `boot.listeners`: what new TLS handshakes are served (`None`: cleartext).
     pub certificates: Vec<Option<Arc<Resolver>>>,
-    /// The files the running config reads: certificates, `consumers_file` (watched,
-    /// fingerprinted).
-    watched: parking_lot::Mutex<Vec<PathBuf>>,
     /// The file watcher, kept here so reloads can add certificate directories to it.
     watcher: parking_lot::Mutex<Option<notify::RecommendedWatcher>>,
 }
@@ -42,9 +39,8 @@ impl Runtime {
         config_path: PathBuf,
         certificates: Vec<Option<Arc<CertSet>>>,
     ) -> Runtime {
-        let (last_seen, watched) = reload::fingerprint(&config_path, &gateway.live.load().file);
+        let last_seen = reload::Seen::of(&config_path, &gateway.live.load().file);
         let rt = Runtime {
-            watched: parking_lot::Mutex::new(watched),
             watcher: Default::default(),
             gateway: Arc::new(gateway),
             certificates: certificates

@@ -41,7 +41,17 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         })
     };
     let mut text = read();
+    // Editors write several events per save, and a directory holds more than the config: a
+    // file event acts only when the config or a file it reads changed. Checked first, on the
+    // raw bytes, so an unrelated file in the directory costs no parse.
+    let unchanged = |text: &Result<String, ConfigErrors>| {
+        let seen = gw.last_seen.lock();
+        fingerprint_of(text.as_deref().unwrap_or(""), &seen.files) == seen.hash
+    };
     if trigger == Trigger::File {
+        if unchanged(&text) {
+            return Ok(gw.live.load().table.version.clone());
+        }
         // A file event can land between an in-place writer's truncate and its write: content
         // that does not parse is looked at again once the writer had time to finish, and only
         // content that is still the same counts as a bad edit.
@@ -59,8 +69,11 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
             }
             text = again;
         }
+        if unchanged(&text) {
+            return Ok(gw.live.load().table.version.clone());
+        }
     }
-    // The files the new text reads (certificates, consumers_file; the running ones when it
+    // The files the new text reads (certificates, consumers_file; those last seen when it
     // does not parse): their directories are watched from now on, and their bytes are part of
     // what a file event is compared with, so a missing file that appears later is a reload.
     let files = text
@@ -68,18 +81,12 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         .ok()
         .and_then(|t| config::parse(&name, t).ok())
         .map(|f| config::compile::watched_files(&name, &f))
-        .unwrap_or_else(|| gw.watched.lock().clone());
+        .unwrap_or_else(|| gw.last_seen.lock().files.clone());
     watch_dirs(gw, &files);
-    let hash = fingerprint_of(text.as_deref().unwrap_or(""), &files);
-    {
-        // Editors write several events per save, and a directory holds more than the config:
-        // a file event acts only when the config or a certificate file it names changed.
-        let mut last = gw.last_seen.lock();
-        if trigger == Trigger::File && *last == hash {
-            return Ok(gw.live.load().table.version.clone());
-        }
-        *last = hash;
-    }
+    *gw.last_seen.lock() = Seen {
+        hash: fingerprint_of(text.as_deref().unwrap_or(""), &files),
+        files,
+    };
     let result = text.and_then(|text| {
         let mut file = config::parse(&name, &text)?;
         // The store is built once at start: compile against the running store settings so
@@ -91,11 +98,7 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         }
         config::compile_file(&name, &text, file)
     });
-    let result = result.map(|loaded| {
-        let version = apply(gw, loaded);
-        *gw.watched.lock() = files;
-        version
-    });
+    let result = result.map(|loaded| apply(gw, loaded));
     match &result {
         Ok(v) => {
             gw.metrics.reloads.with_label_values(&["success"]).inc();
@@ -199,12 +202,23 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     version
 }
 
-/// What a file event is compared with: the config at `path` (as loaded into `file`) and the
-/// files it reads.
-pub fn fingerprint(path: &Path, file: &config::file::File) -> (String, Vec<PathBuf>) {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let files = config::compile::watched_files(&path.display().to_string(), file);
-    (fingerprint_of(&text, &files), files)
+/// What the last file event saw: a hash of the config text and of the bytes of the files it
+/// reads, and those files.
+pub struct Seen {
+    pub hash: String,
+    pub files: Vec<PathBuf>,
+}
+
+impl Seen {
+    /// The config at `path`, as loaded into `file`, and the files it reads.
+    pub fn of(path: &Path, file: &config::file::File) -> Seen {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let files = config::compile::watched_files(&path.display().to_string(), file);
+        Seen {
+            hash: fingerprint_of(&text, &files),
+            files,
+        }
+    }
 }
 
 /// A hash of `text` and the bytes of `files` (a file that cannot be read counts as empty:
@@ -245,7 +259,8 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
     })?;
     watcher.watch(&watch_dir(&gw.config_path), RecursiveMode::NonRecursive)?;
     *gw.watcher.lock() = Some(watcher);
-    watch_dirs(&gw, &gw.watched.lock().clone());
+    let files = gw.last_seen.lock().files.clone();
+    watch_dirs(&gw, &files);
     let file_gw = gw.clone();
     tokio::spawn(async move {
         while rx.recv().await.is_some() {
