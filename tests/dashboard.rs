@@ -28,6 +28,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("sluice_config_reloads_total", &[]),
     ("sluice_config_info", &[]),
     ("sluice_tls_certificate_expiry_timestamp_seconds", &[]),
+    ("sluice_plan_requests_total", &["plan"]),
 ];
 
 fn dashboard() -> Value {
@@ -66,6 +67,8 @@ fn substitute(expr: &str) -> String {
         .replace("$route", ".*")
         .replace("${limit}", ".*")
         .replace("$limit", ".*")
+        .replace("${plan}", ".*")
+        .replace("$plan", ".*")
         .replace("$__rate_interval", "30s")
         .replace("$__interval", "5s")
         .replace("$__range", "5m")
@@ -167,6 +170,9 @@ const REQUIRED_PANELS: &[&str] = &[
     "In-flight requests by route",
     "Config version",
     "TLS certificates: days left",
+    "Plan requests per second by plan and outcome",
+    "Plan 429s per second by plan limit",
+    "Plan quota consumed per second by plan limit",
 ];
 
 /// A real Prometheus on a temp dir, killed on drop.
@@ -310,6 +316,16 @@ routes:
   - name: plain
     match: {{ path_prefix: /plain }}
     upstream: up
+  - name: sold
+    match: {{ path_prefix: /sold }}
+    upstream: up
+    consumers: required
+plans:
+  starter:
+    limits:
+      - {{ name: per-minute, algorithm: sliding_log, rate: 2/1m }}
+consumers:
+  - {{ name: shop, plan: starter, keys: [shop-key] }}
 ",
         free_port(),
         tls.cert.display(),
@@ -357,6 +373,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let until = Instant::now() + Duration::from_secs(6);
     while Instant::now() < until {
         for (path, headers) in [
+            ("/sold", &[("x-api-key", "shop-key")][..]),
             ("/limited", &ip[..]),
             ("/plain", &[][..]),
             ("/nowhere", &[][..]),
@@ -466,6 +483,24 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
             "TLS certificates: days left",
             vec![(vec![("cert", "localhost")], Positive)],
         ),
+        (
+            "Plan requests per second by plan and outcome",
+            vec![
+                (
+                    vec![("plan", "starter"), ("outcome", "forwarded")],
+                    Positive,
+                ),
+                (vec![("plan", "starter"), ("outcome", "limited")], Positive),
+            ],
+        ),
+        (
+            "Plan 429s per second by plan limit",
+            vec![(vec![("limit", "starter/per-minute")], Positive)],
+        ),
+        (
+            "Plan quota consumed per second by plan limit",
+            vec![(vec![("limit", "starter/per-minute")], Positive)],
+        ),
     ];
 
     let mut failures = Vec::new();
@@ -518,7 +553,8 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     let vars = d["templating"]["list"].as_array().unwrap();
     for (name, must) in [
         ("route", &["limited", "plain", "dead", "_none"][..]),
-        ("limit", &["per-ip", "shadow"][..]),
+        ("limit", &["per-ip", "shadow", "starter/per-minute"][..]),
+        ("plan", &["starter"][..]),
     ] {
         let v = vars.iter().find(|v| v["name"] == name).unwrap();
         let q = v["query"]["query"]

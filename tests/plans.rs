@@ -631,3 +631,31 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_plans_example_config_works_as_its_comments_say() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("config/plans.yaml")).unwrap();
+    let up = Upstream::start();
+    // Everything but the listeners, pointed at a test upstream.
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("http://127.0.0.1:3000", &up.url());
+    let s = Sluice::start(&body);
+    let c = client();
+    let free = statuses(&c, &s, "/v1/hello", "demo-free-key", 6).await;
+    assert_eq!(free, [200, 200, 200, 200, 200, 429], "free: 5 a minute");
+    let pro = statuses(&c, &s, "/v1/hello", "demo-pro-key", 6).await;
+    assert!(
+        pro.iter().all(|&x| x == 200),
+        "the pro key's digest is right: {pro:?}"
+    );
+    assert_eq!(status(&c, &s, "/v1/hello", &[]).await, 401);
+    let doc = get(&c, &s.admin_url("/admin/consumers/demo-pro"), &[])
+        .await
+        .json();
+    assert_eq!(doc["plan"], "pro");
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# The plan path against the same limit without consumers, in one process, in one run:
+#   scripts/bench_plans.sh [DURATION] [ROUNDS]    (default 10s, 3 rounds; needs wrk)
+# One sluice (one worker), 10 000 consumers on one plan (a token bucket never reached),
+# wrk -t1 -c64 with a random key of the 10 000 per request (scripts/wrk_keys.lua) on
+#   /plans  consumers: required, the plan's limit (key -> consumer lookup, keyed by consumer)
+#   /keyed  the same limit keyed by api_key, no consumers
+# alternating, ROUNDS times each; prints each round and the ratio of the medians.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dur=${1:-10s}
+rounds=${2:-3}
+command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
+cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
+. scripts/bench_lib.sh
+
+UP=$(free_port); GW=$(free_port); ADM=$(free_port)
+tmp=$(mktemp -d)
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
+trap cleanup EXIT
+target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+
+{
+  cat <<YAML
+listen: 127.0.0.1:$GW
+admin_listen: 127.0.0.1:$ADM
+workers: 1
+identities:
+  api_key: { header: X-API-Key }
+plans:
+  bench:
+    limits:
+      - { name: k, algorithm: token_bucket, rate: 10000000/1s, burst: 10000000 }
+upstreams:
+  up: { targets: [http://127.0.0.1:$UP] }
+routes:
+  - name: plans
+    match: { path_prefix: /plans }
+    upstream: up
+    consumers: required
+  - name: keyed
+    match: { path_prefix: /keyed }
+    upstream: up
+    limits:
+      - { name: k, by: api_key, algorithm: token_bucket, rate: 10000000/1s, burst: 10000000 }
+consumers:
+YAML
+  for i in $(seq 0 9999); do
+    echo "  - { name: c$i, plan: bench, keys: [key-$i] }"
+  done
+} > "$tmp/plans.yaml"
+RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/plans.yaml" 2>/dev/null & pids+=($!)
+sleep 2
+for p in plans keyed; do
+  code=$(curl -s -o /dev/null -w '%{http_code}' -H 'X-API-Key: key-42' "http://127.0.0.1:$GW/$p")
+  [ "$code" = 200 ] || { echo "/$p answered $code" >&2; exit 1; }
+done
+
+runk() { # path -> "rps p99_ms"
+  local out rps p99
+  out=$(KEYS=10000 wrk -t1 -c64 -d"$dur" --latency -s scripts/wrk_keys.lua "http://127.0.0.1:$GW$1")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
+  echo "$rps $p99"
+}
+plans=(); keyed=()
+printf '%-8s %-44s %12s %10s\n' round path req/s p99_ms
+for r in $(seq 1 "$rounds"); do
+  read -r a ap < <(runk /plans)
+  printf '%-8s %-44s %12.0f %10.2f\n' "$r" "/plans (10 000 consumers, plan limit)" "$a" "$ap"
+  read -r b bp < <(runk /keyed)
+  printf '%-8s %-44s %12.0f %10.2f\n' "$r" "/keyed (same limit by api_key)" "$b" "$bp"
+  plans+=("$a"); keyed+=("$b")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+pm=$(median "${plans[@]}"); km=$(median "${keyed[@]}")
+printf 'median: plans %.0f, keyed %.0f, ratio %.3f\n' "$pm" "$km" "$(awk -v a="$pm" -v b="$km" 'BEGIN{print a/b}')"
