@@ -5,7 +5,9 @@
 # wrk -t1 -c64 with a random key of the 10 000 per request (scripts/wrk_keys.lua) on
 #   /plans  consumers: required, the plan's limit (key -> consumer lookup, keyed by consumer)
 #   /keyed  the same limit keyed by api_key, no consumers
-# alternating, ROUNDS times each; prints each round and the ratio of the medians.
+# in ABBA order (plans first in odd rounds, keyed first in even ones), ROUNDS times each;
+# prints each round's requests/s and requests per gateway CPU-second, and the ratios of the
+# medians.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-10s}
@@ -50,29 +52,41 @@ YAML
     echo "  - { name: c$i, plan: bench, keys: [key-$i] }"
   done
 } > "$tmp/plans.yaml"
-RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/plans.yaml" 2>/dev/null & pids+=($!)
+RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/plans.yaml" 2>/dev/null &
+gw_pid=$!; pids+=($gw_pid)
 sleep 2
 for p in plans keyed; do
   code=$(curl -s -o /dev/null -w '%{http_code}' -H 'X-API-Key: key-42' "http://127.0.0.1:$GW/$p")
   [ "$code" = 200 ] || { echo "/$p answered $code" >&2; exit 1; }
 done
 
-runk() { # path -> "rps p99_ms"
-  local out rps p99
+runk() { # path -> "rps p99_ms requests_per_gateway_cpu_s"
+  local out rps p99 c0 c1
+  c0=$(cpu_seconds "$gw_pid")
   out=$(KEYS=10000 wrk -t1 -c64 -d"$dur" --latency -s scripts/wrk_keys.lua "http://127.0.0.1:$GW$1")
+  c1=$(cpu_seconds "$gw_pid")
   rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
-  echo "$rps $p99"
+  local total
+  total=$(awk '/requests in/ {print $1}' <<<"$out")
+  echo "$rps $p99 $(awk -v n="$total" -v a="$c0" -v b="$c1" 'BEGIN{print (b>a ? n/(b-a) : 0)}')"
 }
-plans=(); keyed=()
-printf '%-8s %-44s %12s %10s\n' round path req/s p99_ms
+declare -A rps cpu
+printf '%-6s %-40s %10s %8s %14s\n' round path req/s p99_ms req/cpu-s
 for r in $(seq 1 "$rounds"); do
-  read -r a ap < <(runk /plans)
-  printf '%-8s %-44s %12.0f %10.2f\n' "$r" "/plans (10 000 consumers, plan limit)" "$a" "$ap"
-  read -r b bp < <(runk /keyed)
-  printf '%-8s %-44s %12.0f %10.2f\n' "$r" "/keyed (same limit by api_key)" "$b" "$bp"
-  plans+=("$a"); keyed+=("$b")
+  order="plans keyed"; [ $((r % 2)) -eq 0 ] && order="keyed plans"
+  for p in $order; do
+    read -r a ap ac < <(runk "/$p")
+    printf '%-6s %-40s %10.0f %8.2f %14.0f\n' "$r" "/$p" "$a" "$ap" "$ac"
+    rps[$p]+="$a "; cpu[$p]+="$ac "
+  done
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
-pm=$(median "${plans[@]}"); km=$(median "${keyed[@]}")
-printf 'median: plans %.0f, keyed %.0f, ratio %.3f\n' "$pm" "$km" "$(awk -v a="$pm" -v b="$km" 'BEGIN{print a/b}')"
+# shellcheck disable=SC2086
+{
+  pr=$(median ${rps[plans]}); kr=$(median ${rps[keyed]})
+  pc=$(median ${cpu[plans]}); kc=$(median ${cpu[keyed]})
+}
+printf 'medians: /plans %.0f req/s, %.0f req/cpu-s; /keyed %.0f req/s, %.0f req/cpu-s\n' "$pr" "$pc" "$kr" "$kc"
+printf 'plans / keyed: %.3f in requests per second, %.3f per gateway CPU-second\n' \
+  "$(awk -v a="$pr" -v b="$kr" 'BEGIN{print a/b}')" "$(awk -v a="$pc" -v b="$kc" 'BEGIN{print a/b}')"
