@@ -312,8 +312,18 @@ async fn unknown_and_missing_keys_on_required_and_optional_routes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_anonymous_plan_is_kept_per_client_address() {
+    anonymous_plan(MEMORY).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_anonymous_plan_on_redis() {
+    let redis = RedisServer::start();
+    anonymous_plan(&redis_store(&format!("{{ url: \"{}\" }}", redis.url()))).await;
+}
+
+async fn anonymous_plan(store: &str) {
     let up = Upstream::start();
-    let s = Sluice::start(&config(&up, MEMORY, "anonymous_plan: free\n"));
+    let s = Sluice::start(&config(&up, store, "anonymous_plan: free\n"));
     let c = client();
     let from = |ip: &'static str| [("x-forwarded-for", ip), ("x-api-key", "unknown-key")];
     let first = [
@@ -350,13 +360,29 @@ async fn the_anonymous_plan_is_kept_per_client_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_change_by_reload_keeps_the_counters_of_same_named_limits() {
+    plan_change(MEMORY).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_change_by_reload_on_redis() {
+    let redis = RedisServer::start();
+    plan_change(&redis_store(&format!("{{ url: \"{}\" }}", redis.url()))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_change_by_reload_on_a_redis_cluster() {
+    let cluster = RedisCluster::start();
+    plan_change(&redis_store(&cluster.store_map(""))).await;
+}
+
+async fn plan_change(store: &str) {
     let up = Upstream::start();
-    let s = Sluice::start(&config(&up, MEMORY, ""));
+    let s = Sluice::start(&config(&up, store, ""));
     let c = client();
     assert_eq!(statuses(&c, &s, "/a", FREE_KEY, 2).await, [200, 200]);
     assert_eq!(remaining(&c, &s, "tinkerer", "monthly").await, 3);
     // tinkerer moves to pro: `monthly` (fixed_window) keeps its count, now out of 1 000 000.
-    let moved = config(&up, MEMORY, "").replacen("    plan: free\n", "    plan: pro\n", 1);
+    let moved = config(&up, store, "").replacen("    plan: free\n", "    plan: pro\n", 1);
     s.replace_config(&moved);
     let c2 = c.clone();
     let s_ref = &s;

@@ -546,3 +546,32 @@ fn retry_after_is_exact_at_the_store_clock() {
         assert!(saw_allowed, "{a:?}: never admitted after the retry");
     }
 }
+
+/// `N/month` in the script at the pinned clock: full on the last µs of a leap February, empty
+/// on the first µs of March, and every answer timed to the month's end.
+#[test]
+fn calendar_months_end_exactly_in_the_script() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let p = Params::monthly(3).unwrap();
+    let march_1 = 1_835_481_600 * S; // 2028-03-01T00:00:00Z
+    let key = "month:{m}";
+    let last = march_1 - 1;
+    let admitted: Vec<bool> = (0..4)
+        .map(|_| lua.at(&limit(key, p, 1), last).allowed())
+        .collect();
+    assert_eq!(admitted, [true, true, true, false]);
+    let refused = lua.at(&limit(key, p, 1), last);
+    assert_eq!(refused.retry_after_us, 1, "the month ends one µs later");
+    let d = lua.at(&limit(key, p, 1), march_1);
+    assert!(d.allowed(), "March starts empty");
+    assert_eq!((d.remaining, d.reset_after_us), (2, 31 * 86_400 * S));
+    // 2027-12-31T23:59:59.999999Z then 2028-01-01: across a year end.
+    let jan_1 = 1_830_297_600 * S;
+    let key = "month:{y}";
+    for _ in 0..3 {
+        assert!(lua.at(&limit(key, p, 1), jan_1 - 1).allowed());
+    }
+    assert!(!lua.at(&limit(key, p, 1), jan_1 - 1).allowed());
+    assert!(lua.at(&limit(key, p, 1), jan_1).allowed());
+}
