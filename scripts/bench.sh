@@ -8,16 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-10s}
 command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
-cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
 
 . scripts/bench_lib.sh
-UP=$(free_port); GW=$(free_port); ADM=$(free_port)
-tmp=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-
-target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+bench_setup
+GW=$(free_port); ADM=$(free_port)
 
 # A one-worker gateway: /allow (a limit never reached), /deny (1 per week: nearly all 429),
 # and / (no limit). $3 is the store section (empty: the embedded store).
@@ -93,19 +87,9 @@ if command -v redis-server >/dev/null; then
     sha=$(sha1sum "$tmp/script.lua" | cut -d' ' -f1)
     if [ "$(redis-cli -p "$RP" SCRIPT EXISTS "$sha")" = "1" ]; then
       NL=$(free_port)
-      cat > "$tmp/nginx-lua.conf" <<NGINX
-load_module /usr/lib/nginx/modules/ndk_http_module.so;
-load_module $LUAMOD;
-worker_processes 1;
-daemon off;
-pid $tmp/nginx-lua.pid;
-error_log $tmp/nginx-lua-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
-  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
+      { printf 'load_module /usr/lib/nginx/modules/ndk_http_module.so;\nload_module %s;\n' "$LUAMOD"
+        nginx_head 1 | sed "s|$tmp/nginx|$tmp/nginx-lua|g"
+        cat <<NGINX
   server {
     listen 127.0.0.1:$NL;
     location / {
@@ -133,6 +117,7 @@ http {
   }
 }
 NGINX
+      } > "$tmp/nginx-lua.conf"
       nginx -c "$tmp/nginx-lua.conf" 2>/dev/null & pids+=($!)
       sleep 0.5
       if [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$NL/")" = "200" ]; then
@@ -150,18 +135,9 @@ fi
 # the shared peer rig configures both).
 if command -v nginx >/dev/null; then
   NG=$(free_port)
-  cat > "$tmp/nginx.conf" <<NGINX
-worker_processes 1;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/nginx-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+  { nginx_head 1
+    cat <<NGINX
   limit_req_zone \$binary_remote_addr zone=one:1m rate=1r/m;
-  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
   server {
     listen 127.0.0.1:$NG;
     location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
@@ -169,6 +145,7 @@ http {
   }
 }
 NGINX
+  } > "$tmp/nginx.conf"
   nginx -c "$tmp/nginx.conf" & pids+=($!)
   sleep 0.5
   curl -s -o /dev/null "http://127.0.0.1:$NG/deny"

@@ -1,4 +1,4 @@
-# Shared by scripts/bench.sh and scripts/bench_tls.sh (sourced, not run).
+# Shared by scripts/bench.sh, bench_tls.sh and bench_plans.sh (sourced, not run).
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
@@ -14,4 +14,32 @@ run() { # name url
 # CPU seconds (user + system) a process has used so far.
 cpu_seconds() { # pid
   awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"
+}
+
+# Build the release binaries, make $tmp (removed on exit, with every pid in $pids killed),
+# and start the demo upstream on $UP.
+bench_setup() {
+  cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
+  UP=$(free_port)
+  tmp=$(mktemp -d)
+  pids=()
+  trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
+  target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+}
+
+# The head of an nginx.conf as the peer rig writes it: $1 workers, access log off, keep-alive
+# clients and upstream without a request cap; the caller adds its servers and closes `http`.
+nginx_head() { # workers
+  cat <<NGINX
+worker_processes $1;
+daemon off;
+pid $tmp/nginx.pid;
+error_log $tmp/nginx-error.log;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  keepalive_requests 10000000;
+  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
+  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
+NGINX
 }

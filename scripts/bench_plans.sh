@@ -13,15 +13,9 @@ cd "$(dirname "$0")/.."
 dur=${1:-10s}
 rounds=${2:-3}
 command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
-cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
 . scripts/bench_lib.sh
-
-UP=$(free_port); GW=$(free_port); ADM=$(free_port)
-tmp=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+bench_setup
+GW=$(free_port); ADM=$(free_port)
 
 {
   cat <<YAML

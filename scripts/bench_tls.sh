@@ -14,16 +14,9 @@ workers=${WORKERS:-1}
 for tool in wrk openssl nginx; do
   command -v "$tool" >/dev/null || { echo "$tool not found: apt-get install -y $tool" >&2; exit 1; }
 done
-cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
 . scripts/bench_lib.sh
-
-UP=$(free_port); SL=$(free_port); ADM=$(free_port); NG=$(free_port)
-tmp=$(mktemp -d)
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"; }
-trap cleanup EXIT
-
-target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+bench_setup
+SL=$(free_port); ADM=$(free_port); NG=$(free_port)
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
   -keyout "$tmp/tls.key" -out "$tmp/tls.crt" -subj "/CN=localhost" \
   -addext "subjectAltName=DNS:localhost" 2>/dev/null
@@ -46,17 +39,8 @@ YAML
 RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/sluice.yaml" 2>/dev/null &
 sluice_pid=$!; pids+=($sluice_pid)
 
-cat > "$tmp/nginx.conf" <<NGINX
-worker_processes $workers;
-daemon off;
-pid $tmp/nginx.pid;
-error_log $tmp/nginx-error.log;
-events { worker_connections 4096; }
-http {
-  access_log off;
-  keepalive_requests 10000000;
-  client_body_temp_path $tmp; proxy_temp_path $tmp; fastcgi_temp_path $tmp; uwsgi_temp_path $tmp; scgi_temp_path $tmp;
-  upstream up { server 127.0.0.1:$UP; keepalive 1024; keepalive_requests 10000000; }
+{ nginx_head "$workers"
+  cat <<NGINX
   server {
     listen 127.0.0.1:$NG ssl;
     http2 on;
@@ -67,6 +51,7 @@ http {
   }
 }
 NGINX
+} > "$tmp/nginx.conf"
 # nginx before 1.25.1 has no `http2 on;` (Debian 12 ships 1.22): use `listen … ssl http2`.
 if ! nginx -t -c "$tmp/nginx.conf" >/dev/null 2>&1; then
   sed -i -e 's/    http2 on;//' -e "s/listen 127.0.0.1:$NG ssl;/listen 127.0.0.1:$NG ssl http2;/" "$tmp/nginx.conf"

@@ -685,3 +685,26 @@ async fn the_plans_example_config_works_as_its_comments_say() {
         .json();
     assert_eq!(doc["plan"], "pro");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_consumer_keys_a_route_limit_by_the_keys_owner() {
+    let up = Upstream::start();
+    let y = config(&up, MEMORY, "").replace(
+        "    consumers: required\n  - name: open",
+        "    consumers: required\n    limits:\n      - { name: per-consumer, by: consumer, algorithm: sliding_log, rate: 2/1m }\n  - name: open",
+    );
+    assert!(y.contains("by: consumer"), "the route `b` got the limit");
+    let s = Sluice::start(&y);
+    let c = client();
+    // tinkerer's two keys share the route's per-consumer limit (2), bigco has its own.
+    let got = [
+        status(&c, &s, "/b", &[("x-api-key", FREE_KEY)]).await,
+        status(&c, &s, "/b", &[("x-api-key", FREE_KEY_2)]).await,
+        status(&c, &s, "/b", &[("x-api-key", FREE_KEY)]).await,
+        status(&c, &s, "/b", &[("x-api-key", PRO_KEY)]).await,
+    ];
+    assert_eq!(got, [200, 200, 429, 200]);
+    let r = get(&c, &s.url("/b"), &[("x-api-key", FREE_KEY_2)]).await;
+    assert_eq!(r.status, 429);
+    assert!(r.text().contains("b/per-consumer"), "{}", r.text());
+}

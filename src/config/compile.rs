@@ -244,30 +244,14 @@ pub fn compile(
                 "strip_prefix needs `path` or `path_prefix`, not `path_regex`",
             );
         }
-        let mut names = HashSet::new();
-        let mut limits = Vec::with_capacity(r.limits.len());
-        for (j, l) in r.limits.iter().enumerate() {
-            let lbase = format!("{base}.limits[{j}]");
-            if !valid_name(&l.name) {
+        let owner = Owner::Route(&r.name);
+        let mut limits = limit_list(&mut c, &base, &r.limits, owner, &store.redis.key_prefix);
+        for (j, rule) in limits.iter().enumerate() {
+            if rule.by.contains(&KeyPart::Consumer) && r.consumers.is_none() {
                 c.err(
-                    &format!("{lbase}.name"),
-                    format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
+                    &format!("{base}.limits[{j}].by"),
+                    "`by: consumer` needs `consumers: required` or `optional` on the route",
                 );
-            } else if !names.insert(l.name.clone()) {
-                c.err(
-                    &format!("{lbase}.name"),
-                    format!("duplicate limit name `{}` in route `{}`", l.name, r.name),
-                );
-            }
-            let owner = Owner::Route(&r.name);
-            if let Some(rule) = limit_rule(&mut c, &lbase, owner, l, &store.redis.key_prefix) {
-                if rule.by.contains(&KeyPart::Consumer) && r.consumers.is_none() {
-                    c.err(
-                        &format!("{lbase}.by"),
-                        "`by: consumer` needs `consumers: required` or `optional` on the route",
-                    );
-                }
-                limits.push(rule);
             }
         }
         if r.consumers.is_some() {
@@ -808,6 +792,40 @@ fn key_parts(c: &mut Ctx<'_>, path: &str, by: &serde_yaml::Value) -> Option<Vec<
     }
 }
 
+/// The limits of a route or a plan (at `base`): names unique within it, each compiled.
+fn limit_list(
+    c: &mut Ctx<'_>,
+    base: &str,
+    list: &[file::Limit],
+    owner: Owner<'_>,
+    prefix: &str,
+) -> Vec<LimitRule> {
+    let whose = match owner {
+        Owner::Route(r) => format!("route `{r}`"),
+        Owner::Plan(_, p) => format!("plan `{p}`"),
+    };
+    let mut names = HashSet::new();
+    let mut limits = Vec::with_capacity(list.len());
+    for (j, l) in list.iter().enumerate() {
+        let lbase = format!("{base}.limits[{j}]");
+        if !valid_name(&l.name) {
+            c.err(
+                &format!("{lbase}.name"),
+                format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
+            );
+        } else if !names.insert(l.name.as_str()) {
+            c.err(
+                &format!("{lbase}.name"),
+                format!("duplicate limit name `{}` in {whose}", l.name),
+            );
+        }
+        if let Some(rule) = limit_rule(c, &lbase, owner, l, prefix) {
+            limits.push(rule);
+        }
+    }
+    limits
+}
+
 /// Whose limit is compiled: a route's own, or a plan's (index, name).
 #[derive(Clone, Copy)]
 enum Owner<'a> {
@@ -958,25 +976,7 @@ fn plans(c: &mut Ctx<'_>, file: &File, prefix: &str) -> Vec<(Arc<str>, Vec<Limit
                 format!("plan `{name}` has no limits"),
             );
         }
-        let mut names = HashSet::new();
-        let mut limits = Vec::with_capacity(plan.limits.len());
-        for (j, l) in plan.limits.iter().enumerate() {
-            let lbase = format!("{base}.limits[{j}]");
-            if !valid_name(&l.name) {
-                c.err(
-                    &format!("{lbase}.name"),
-                    format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
-                );
-            } else if !names.insert(l.name.clone()) {
-                c.err(
-                    &format!("{lbase}.name"),
-                    format!("duplicate limit name `{}` in plan `{name}`", l.name),
-                );
-            }
-            if let Some(rule) = limit_rule(c, &lbase, Owner::Plan(p, name), l, prefix) {
-                limits.push(rule);
-            }
-        }
+        let limits = limit_list(c, &base, &plan.limits, Owner::Plan(p, name), prefix);
         out.push((Arc::from(name.as_str()), limits));
     }
     out
@@ -1122,14 +1122,7 @@ fn sha256_hex(h: &str) -> Option<[u8; 32]> {
 /// The consumer list of a `consumers_file`, with positions for its errors.
 fn read_consumers(path: &Path) -> Result<(Vec<file::Consumer>, Positions), ConfigErrors> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors(vec![ConfigError {
-            file: name.clone(),
-            line: 1,
-            col: 1,
-            message: format!("cannot read consumers_file: {e}"),
-        }])
-    })?;
+    let text = super::read(path, "consumers_file")?;
     let list = super::parse_yaml(&name, &text)?;
     Ok((list, Positions::index(&text)))
 }

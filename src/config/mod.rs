@@ -70,16 +70,20 @@ pub fn version_of(text: &str) -> String {
 
 /// Read, parse, validate and compile `path` (named in errors exactly as given).
 pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
-    let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = read(path, "config")?;
+    load_str(&path.display().to_string(), &text)
+}
+
+/// The text of `path` (a `what` file), or an error at its 1:1.
+pub fn read(path: &Path, what: &str) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(path).map_err(|e| {
         ConfigErrors(vec![ConfigError {
-            file: name.clone(),
+            file: path.display().to_string(),
             line: 1,
             col: 1,
-            message: format!("cannot read config: {e}"),
+            message: format!("cannot read {what}: {e}"),
         }])
-    })?;
-    load_str(&name, &text)
+    })
 }
 
 /// Parse, validate and compile config text; `name` is used in error positions.

@@ -30,16 +30,7 @@ pub enum Trigger {
 pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
     let _serial = gw.reload_lock.lock();
     let name = gw.config_path.display().to_string();
-    let read = || {
-        std::fs::read_to_string(&gw.config_path).map_err(|e| {
-            ConfigErrors(vec![config::ConfigError {
-                file: name.clone(),
-                line: 1,
-                col: 1,
-                message: format!("cannot read config: {e}"),
-            }])
-        })
-    };
+    let read = || config::read(&gw.config_path, "config");
     let mut text = read();
     // Editors write several events per save, and a directory holds more than the config: a
     // file event acts only when the config or a file it reads changed. Checked first, on the
