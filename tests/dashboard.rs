@@ -293,13 +293,7 @@ enum Want {
 /// `tls`: a certificate pair for the TLS listener beside the cleartext one.
 fn sluice_config(up: &Upstream, tls: &support::certs::Pair) -> String {
     format!(
-        "listen:
-  - address: {{ADDR}}
-  - address: 127.0.0.1:{}
-    tls:
-      certificates:
-        - {{ cert: {}, key: {} }}
-client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
+        "{}client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
 upstreams:
   up: {{ targets: [{}] }}
   dead: {{ targets: [http://127.0.0.1:{}], connect_timeout: 1s }}
@@ -327,9 +321,7 @@ plans:
 consumers:
   - {{ name: shop, plan: starter, keys: [shop-key] }}
 ",
-        free_port(),
-        tls.cert.display(),
-        tls.key.display(),
+        support::certs::listen_with_tls(tls),
         up.url(),
         free_port()
     )

@@ -48,13 +48,7 @@ fn config(up: &Upstream) -> String {
         (dir, pair)
     });
     format!(
-        "listen:
-  - address: {{ADDR}}
-  - address: 127.0.0.1:{}
-    tls:
-      certificates:
-        - {{ cert: {}, key: {} }}
-client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
+        "{}client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
 upstreams:
   up: {{ targets: [{}] }}
   dead: {{ targets: [http://127.0.0.1:{}], connect_timeout: 1s }}
@@ -78,9 +72,7 @@ routes:
     upstream: up
     strip_prefix: true
 ",
-        free_port(),
-        pair.cert.display(),
-        pair.key.display(),
+        support::certs::listen_with_tls(pair),
         up.url(),
         free_port()
     )

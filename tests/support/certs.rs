@@ -81,3 +81,20 @@ impl Ca {
         pair
     }
 }
+
+/// A `listen:` list for the harness: the cleartext `{ADDR}` it waits for, and a TLS listener
+/// on a free port serving `pair`.
+pub fn listen_with_tls(pair: &Pair) -> String {
+    format!(
+        "listen:
+  - address: {{ADDR}}
+  - address: 127.0.0.1:{}
+    tls:
+      certificates:
+        - {{ cert: {}, key: {} }}
+",
+        super::free_port(),
+        pair.cert.display(),
+        pair.key.display()
+    )
+}
