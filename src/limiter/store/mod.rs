@@ -141,3 +141,23 @@ impl Store {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::store::memory::Clock;
+
+    /// Every request's future contains this one: it must stay small whichever store is
+    /// configured (the type is the same for both), or every request pays for copying it.
+    #[test]
+    fn the_decision_future_stays_small() {
+        let store = Store::Memory(Arc::new(MemoryStore::new(16, Clock::System)));
+        let calls = [];
+        let fut = store.decide(&calls);
+        assert!(
+            std::mem::size_of_val(&fut) <= 256,
+            "Store::decide's future is {} bytes: box the large branch",
+            std::mem::size_of_val(&fut)
+        );
+    }
+}
