@@ -33,6 +33,30 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// Whether process `pid` holds a listening TCP socket on `port` (Linux: the socket inodes of
+/// `/proc/net/tcp{,6}` in state LISTEN, against the process's open file descriptors).
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let suffix = format!(":{port:04X}");
+    let mut inodes = Vec::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let text = std::fs::read_to_string(table).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+            if f.len() > 9 && f[1].ends_with(&suffix) && f[3] == "0A" {
+                inodes.push(format!("socket:[{}]", f[9]));
+            }
+        }
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|l| inodes.iter().any(|i| l.to_str() == Some(i.as_str())))
+    })
+}
+
 /// The config file for `yaml`: `listen` (the cleartext `addr`) and `admin_listen` are added,
 /// unless `yaml` starts with its own `listen:` list, where `{ADDR}` names `addr` (the
 /// listener the harness waits for).
@@ -58,6 +82,10 @@ pub struct Sluice {
     pub config_path: PathBuf,
     pub log_path: PathBuf,
     pub dir: tempfile::TempDir,
+    /// What it was started with, to start it again on other ports (see `wait_ready`).
+    yaml: String,
+    env: Vec<(String, String)>,
+    admin_ip: String,
 }
 
 pub fn sluice_bin() -> &'static str {
@@ -100,27 +128,38 @@ impl Sluice {
     /// Write the config and spawn the process, without waiting for it.
     fn launch(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
         let dir = tempfile::tempdir().unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let port = free_port();
-        let admin: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let admin_listen: SocketAddr = format!("{admin_ip}:{port}").parse().unwrap();
-        let config_path = dir.path().join("sluice.yaml");
-        std::fs::write(&config_path, config_text(yaml, addr, admin_listen)).unwrap();
         let mut s = Sluice {
             child: None,
-            addr,
-            admin,
-            admin_listen,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            admin: "127.0.0.1:0".parse().unwrap(),
+            admin_listen: "127.0.0.1:0".parse().unwrap(),
             log_path: dir.path().join("sluice.log"),
-            config_path,
+            config_path: dir.path().join("sluice.yaml"),
             dir,
+            yaml: yaml.to_string(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            admin_ip: admin_ip.to_string(),
         };
-        s.spawn(env);
+        s.pick_ports();
+        s.spawn();
         s
     }
 
+    /// Free ports for the data and admin listeners, written into the config.
+    fn pick_ports(&mut self) {
+        self.addr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let port = free_port();
+        self.admin = format!("127.0.0.1:{port}").parse().unwrap();
+        self.admin_listen = format!("{}:{port}", self.admin_ip).parse().unwrap();
+        let text = config_text(&self.yaml, self.addr, self.admin_listen);
+        std::fs::write(&self.config_path, text).unwrap();
+    }
+
     /// Spawn `sluice run` on this config (see [`Sluice::launch`]).
-    fn spawn(&mut self, env: &[(&str, &str)]) {
+    fn spawn(&mut self) {
         let log = std::fs::File::create(&self.log_path).unwrap();
         let mut cmd = Command::new(sluice_bin());
         cmd.arg("run")
@@ -132,7 +171,7 @@ impl Sluice {
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "info");
         }
-        for (k, v) in env {
+        for (k, v) in &self.env {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn sluice"));
@@ -140,12 +179,25 @@ impl Sluice {
 
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(15);
+        let mut retries = 3;
         while Instant::now() < deadline {
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                // Another test took a port between `free_port` and the bind: other ports.
+                if retries > 0 && self.log().contains("cannot listen") {
+                    retries -= 1;
+                    self.pick_ports();
+                    self.spawn();
+                    continue;
+                }
                 panic!("sluice exited early ({status}):\n{}", self.log());
             }
+            // Accepting, and by this process: a port from `free_port` may have been taken by
+            // another test's process meanwhile, which would accept in our place.
+            let pid = self.pid();
             if std::net::TcpStream::connect(self.admin).is_ok()
                 && std::net::TcpStream::connect(self.addr).is_ok()
+                && listens_on(pid, self.admin.port())
+                && listens_on(pid, self.addr.port())
             {
                 return;
             }
