@@ -73,6 +73,26 @@ impl Ctx<'_> {
         resolve(self.name, p)
     }
 
+    /// `name` (a `kind` name, at `path`) is `[a-z0-9_-]` and not yet in `seen`; `duplicate`
+    /// is the error when it is.
+    fn unique_name<'n>(
+        &mut self,
+        path: &str,
+        kind: &str,
+        name: &'n str,
+        seen: &mut HashSet<&'n str>,
+        duplicate: impl FnOnce() -> String,
+    ) {
+        if !valid_name(name) {
+            self.err(
+                path,
+                format!("{kind} name `{name}` must be non-empty [a-z0-9_-]"),
+            );
+        } else if !seen.insert(name) {
+            self.err(path, duplicate());
+        }
+    }
+
     fn header_name(&mut self, path: &str, s: &str) -> Option<HeaderName> {
         match HeaderName::from_bytes(s.as_bytes()) {
             Ok(h) => Some(h),
@@ -190,7 +210,7 @@ pub fn compile(
         }
         let tls = match (&u.tls, https) {
             (Some(t), true) => Some(client_tls(&mut c, &format!("{base}.tls"), t, false)),
-            (None, true) => Some(ClientTls::default()),
+            (None, true) => Some(ClientTls::system_roots(c.at(&format!("{base}.targets")))),
             (Some(_), false) => {
                 c.err(
                     &format!("{base}.tls"),
@@ -217,17 +237,9 @@ pub fn compile(
     let mut seen = HashSet::new();
     for (i, r) in file.routes.iter().enumerate() {
         let base = format!("routes[{i}]");
-        if !valid_name(&r.name) {
-            c.err(
-                &format!("{base}.name"),
-                format!("route name `{}` must be non-empty [a-z0-9_-]", r.name),
-            );
-        } else if !seen.insert(r.name.clone()) {
-            c.err(
-                &format!("{base}.name"),
-                format!("duplicate route name `{}`", r.name),
-            );
-        }
+        c.unique_name(&format!("{base}.name"), "route", &r.name, &mut seen, || {
+            format!("duplicate route name `{}`", r.name)
+        });
         let matcher = matcher(&mut c, &format!("{base}.match"), &r.matcher, &paths);
         let upstream = upstreams
             .iter()
@@ -404,10 +416,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
     };
     if redis.tls.is_none() && r.url.as_deref().is_some_and(|u| u.starts_with("rediss://")) {
         // `rediss://` without a `tls` block: the system roots, no client certificate.
-        redis.tls = Some(ClientTls {
-            at: Some(c.at("store.redis.url")),
-            ..ClientTls::default()
-        });
+        redis.tls = Some(ClientTls::system_roots(c.at("store.redis.url")));
     }
     if redis.tls.is_some() && r.url.as_deref().is_some_and(|u| u.starts_with("redis://")) {
         c.err(
@@ -635,7 +644,7 @@ fn client_tls(c: &mut Ctx<'_>, base: &str, t: &file::ClientTls, for_redis: bool)
         client_key: t.client_key.as_deref().map(|p| c.path(p)),
         server_name: t.server_name.clone(),
         insecure_skip_verify: t.insecure_skip_verify,
-        at: Some(c.at(base)),
+        at: c.at(base),
     }
 }
 
@@ -808,17 +817,13 @@ fn limit_list(
     let mut limits = Vec::with_capacity(list.len());
     for (j, l) in list.iter().enumerate() {
         let lbase = format!("{base}.limits[{j}]");
-        if !valid_name(&l.name) {
-            c.err(
-                &format!("{lbase}.name"),
-                format!("limit name `{}` must be non-empty [a-z0-9_-]", l.name),
-            );
-        } else if !names.insert(l.name.as_str()) {
-            c.err(
-                &format!("{lbase}.name"),
-                format!("duplicate limit name `{}` in {whose}", l.name),
-            );
-        }
+        c.unique_name(
+            &format!("{lbase}.name"),
+            "limit",
+            &l.name,
+            &mut names,
+            || format!("duplicate limit name `{}` in {whose}", l.name),
+        );
         if let Some(rule) = limit_rule(c, &lbase, owner, l, prefix) {
             limits.push(rule);
         }
@@ -1035,17 +1040,13 @@ fn consumer_list(
     let mut names = HashSet::new();
     for (i, k) in list.iter().enumerate() {
         let base = format!("{prefix}[{i}]");
-        if !valid_name(&k.name) {
-            here.err(
-                &format!("{base}.name"),
-                format!("consumer name `{}` must be non-empty [a-z0-9_-]", k.name),
-            );
-        } else if !names.insert(k.name.as_str()) {
-            here.err(
-                &format!("{base}.name"),
-                format!("duplicate consumer `{}`", k.name),
-            );
-        }
+        here.unique_name(
+            &format!("{base}.name"),
+            "consumer",
+            &k.name,
+            &mut names,
+            || format!("duplicate consumer `{}`", k.name),
+        );
         let Some(plan) = plan_index(&k.plan) else {
             here.err(
                 &format!("{base}.plan"),

@@ -63,7 +63,7 @@ pub enum TlsVersion {
 }
 
 /// TLS from the gateway to a server (an upstream target or Redis).
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientTls {
     /// PEM roots to verify the server against; the system's roots when `None`.
     pub ca: Option<PathBuf>,
@@ -74,5 +74,20 @@ pub struct ClientTls {
     pub server_name: Option<String>,
     /// Accept any server certificate (a warning at every load).
     pub insecure_skip_verify: bool,
-    pub at: Option<At>,
+    /// The entry that asked for TLS (its `tls` map, or the `https://` / `rediss://` URL).
+    pub at: At,
+}
+
+impl ClientTls {
+    /// TLS with the system roots and no client certificate, asked for at `at`.
+    pub fn system_roots(at: At) -> ClientTls {
+        ClientTls {
+            ca: None,
+            client_cert: None,
+            client_key: None,
+            server_name: None,
+            insecure_skip_verify: false,
+            at,
+        }
+    }
 }

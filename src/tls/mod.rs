@@ -97,14 +97,9 @@ pub fn load(boot: &Boot, table: &Table, now: SystemTime) -> Result<Material, Vec
     }
     let mut client = |tls: &Option<crate::model::tls::ClientTls>, m: &mut Material| {
         let t = tls.as_ref()?;
-        let at = t.at.clone().unwrap_or(At {
-            file: String::new(),
-            line: 1,
-            col: 1,
-        });
         if t.insecure_skip_verify {
             m.warnings.push(Located {
-                at: at.clone(),
+                at: t.at.clone(),
                 message: "insecure_skip_verify: the upstream's certificate is not verified; anyone on the path can impersonate it".into(),
             });
         }
@@ -112,7 +107,7 @@ pub fn load(boot: &Boot, table: &Table, now: SystemTime) -> Result<Material, Vec
             Ok(c) => Some(Arc::new(c)),
             Err(e) => {
                 errors.push(Located {
-                    at,
+                    at: t.at.clone(),
                     message: e.to_string(),
                 });
                 None
