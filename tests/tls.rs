@@ -312,6 +312,31 @@ async fn served(c: &Client) -> Vec<u8> {
     c.connect("localhost").await.unwrap().0.to_vec()
 }
 
+/// Whether new handshakes on every one of `clients` get the certificate `want` within 10 s.
+async fn serves_eventually(clients: &[&Client], want: &[u8]) -> bool {
+    let clients: Vec<Client> = clients.iter().map(|c| (*c).clone()).collect();
+    let want = want.to_vec();
+    eventually(Duration::from_secs(10), move || {
+        let (clients, want) = (clients.clone(), want.clone());
+        async move {
+            for c in &clients {
+                if served(c).await != want {
+                    return false;
+                }
+            }
+            true
+        }
+    })
+    .await
+}
+
+/// Replace `dst` with a copy of `src` the way deploy tools do: write a sibling, rename over.
+fn rename_over(src: &Path, dst: &Path) {
+    let tmp = dst.with_extension("tmp-rename");
+    std::fs::copy(src, &tmp).unwrap();
+    std::fs::rename(&tmp, dst).unwrap();
+}
+
 /// Clients that open a new TLS connection per request, as fast as they can, until `stop`.
 /// Returns (ok, failures with their errors).
 fn load(c: &Client, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(usize, Vec<String>)> {
@@ -428,17 +453,9 @@ routes:
         k8s_publish(&secret, g, pair);
         // Rename-over, the key first: for a moment the pair does not match (that reload is
         // refused and the previous pair keeps serving), then the certificate follows.
-        for (src, name) in [(&pair.key, "tls.key"), (&pair.cert, "tls.crt")] {
-            let tmp = plain.join(format!(".{name}.tmp"));
-            std::fs::copy(src, &tmp).unwrap();
-            std::fs::rename(&tmp, plain.join(name)).unwrap();
-        }
-        let want = pair.der.clone();
-        let rotated = eventually(Duration::from_secs(10), || {
-            let (k8s, files, want) = (k8s.clone(), files.clone(), want.clone());
-            async move { served(&k8s).await == want && served(&files).await == want }
-        })
-        .await;
+        rename_over(&pair.key, &plain.join("tls.key"));
+        rename_over(&pair.cert, &plain.join("tls.crt"));
+        let rotated = serves_eventually(&[&k8s, &files], &pair.der).await;
         assert!(rotated, "generation {g} never served:\n{}", gw.log());
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -586,11 +603,7 @@ async fn a_bad_rotation_keeps_the_old_pair_serving() {
     let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
     let live = dir.path().join("live");
     std::fs::create_dir(&live).unwrap();
-    let put = |from: &Path, name: &str| {
-        let tmp = live.join(".tmp");
-        std::fs::copy(from, &tmp).unwrap();
-        std::fs::rename(&tmp, live.join(name)).unwrap();
-    };
+    let put = |from: &Path, name: &str| rename_over(from, &live.join(name));
     put(&first.cert, "tls.crt");
     put(&first.key, "tls.key");
     let up = Upstream::start();
@@ -622,13 +635,7 @@ async fn a_bad_rotation_keeps_the_old_pair_serving() {
 
     // The certificate follows: the pair matches again and is served.
     put(&second.cert, "tls.crt");
-    let want = second.der.clone();
-    let rotated = eventually(Duration::from_secs(10), || {
-        let (c, want) = (c.clone(), want.clone());
-        async move { served(&c).await == want }
-    })
-    .await;
-    assert!(rotated, "{}", gw.log());
+    assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
     assert!(gw.reloads("success").await >= 1.0);
 }
 
@@ -805,10 +812,7 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
     assert_eq!(served(&c).await, first.der);
     let serves = |want: Vec<u8>| {
         let c = c.clone();
-        eventually(Duration::from_secs(10), move || {
-            let (c, want) = (c.clone(), want.clone());
-            async move { served(&c).await == want }
-        })
+        async move { serves_eventually(&[&c], &want).await }
     };
 
     // The config names files that do not exist yet, in the watched directory of the first
@@ -844,10 +848,7 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
     gw.signal("HUP");
     assert!(serves(first.der.clone()).await, "{}", gw.log());
     let next = ca.leaf(dir.path(), "next", &["localhost"], 90);
-    for (src, dst) in [(&next.key, &key), (&next.cert, &cert)] {
-        let tmp = incoming.join(".tmp");
-        std::fs::copy(src, &tmp).unwrap();
-        std::fs::rename(&tmp, dst).unwrap();
-    }
+    rename_over(&next.key, &key);
+    rename_over(&next.cert, &cert);
     assert!(serves(next.der.clone()).await, "{}", gw.log());
 }
