@@ -41,6 +41,7 @@ fn store(c: &mut Criterion) {
             params: params(a),
             cost: 1,
             shadow: false,
+            op: Default::default(),
         }];
         g.bench_function(a.name(), |b| {
             b.iter(|| {

@@ -1,19 +1,23 @@
 -- All limits of one request in one atomic call, all-or-nothing.
 --
 -- KEYS: one key per limit (distinct). ARGV: [1] nonce (unique per call across gateways, for
--- sliding_log members), [2] commit (0 = peek, 1 = decide), then 8 per key: algorithm name,
--- N, W µs, C, I µs, unit µs, cost, shadow (0|1).
+-- sliding_log members and concurrency leases), [2] commit (0 = peek, 1 = decide), then 9 per
+-- key: algorithm name, N, W µs, C, I µs, unit µs, cost, shadow (0|1), op.
 -- Reply: 5 integers per key, {code, limit, remaining, retry_after_us, reset_after_us}.
+--
+-- op (src/limiter/algo/mod.rs `Op`): 0 decide, 1 probe (would `cost` pass? never writes),
+-- 2 charge (after the answer: charged even past the limit, always passes), 3 release and
+-- 4 renew (a concurrency lease named by the nonce).
 --
 -- The request passes iff every non-shadow limit admits it; only then is anything charged
 -- (each limit that admitted; a refusing shadow limit writes nothing). Every ARGV is checked
 -- before the first write, so bad input is an error reply that changed nothing.
-local PER_KEY = 8
+local PER_KEY = 9
 
 local function decide_all(now, extra_args)
   local nkeys = #KEYS
   if nkeys < 1 or #ARGV ~= 2 + PER_KEY * nkeys + extra_args then
-    return redis.error_reply('sluice: expected 2 + 8 args per key')
+    return redis.error_reply('sluice: expected 2 + 9 args per key')
   end
   local function arg(j, lo, hi, what)
     local v = int(ARGV[j])
@@ -39,20 +43,36 @@ local function decide_all(now, extra_args)
     p.unit = arg(b + 6, 1, 1000, 'unit')
     p.cost = arg(b + 7, 0, MAX_EXACT - 1, 'cost')
     p.shadow = arg(b + 8, 0, 1, 'shadow flag') == 1
+    p.op = arg(b + 9, 0, 4, 'op')
     local product = p.capacity * p.interval
     if p.algorithm == 'sliding_window' then product = p.limit * idiv(p.window, p.unit) end
+    -- A bucket may owe one more capacity after a charge (CHARGE): twice C·I.
+    if CHARGE[p.algorithm] ~= nil then product = 2 * product end
     if product >= MAX_EXACT or now + 2 * p.window >= MAX_EXACT then
       error({err = 'sluice: parameters past 2^53 in ARGV[' .. (b + 1) .. ']'})
     end
     calls[i] = p
   end
 
+  -- One limit, as src/limiter/algo/mod.rs `run` does it.
+  local function one(i, p, write)
+    local algo = ALGO[p.algorithm]
+    if p.algorithm == 'concurrency' then return algo(KEYS[i], p, now, p.cost, write, nonce, i) end
+    if p.op ~= 2 then return algo(KEYS[i], p, now, p.cost, write and p.op == 0, nonce, i) end
+    if not write or p.cost == 0 then return algo(KEYS[i], p, now, 0, false, nonce, i) end
+    if CHARGE[p.algorithm] ~= nil then return CHARGE[p.algorithm](KEYS[i], p, now, p.cost) end
+    -- A window charges what still fits in it.
+    local _, _, left = algo(KEYS[i], p, now, 0, false, nonce, i)
+    local _, limit, remaining, retry, reset =
+      algo(KEYS[i], p, now, math.min(p.cost, left), true, nonce, i)
+    return 0, limit, remaining, retry, reset
+  end
+
   local out = {}
   local function run(write)
     local pass = true
     for i, p in ipairs(calls) do
-      local code, limit, remaining, retry, reset =
-        ALGO[p.algorithm](KEYS[i], p, now, p.cost, write, nonce, i)
+      local code, limit, remaining, retry, reset = one(i, p, write)
       local o = 5 * (i - 1)
       out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
         code, limit, remaining, retry, reset

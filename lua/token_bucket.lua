@@ -1,13 +1,18 @@
 -- token_bucket: capacity C, one token per I µs, remainder carried (t only moves by whole I
 -- while not full); admit iff tokens >= cost. A missing key is a full bucket.
 -- State: hash {n = tokens, t = µs at which n was valid}. Twin of src/algo/token_bucket.rs.
-ALGO.token_bucket = function(key, p, now, cost, commit)
+-- A charge after the answer may leave debt: n = 0 until a t at most C·I ahead.
+
+-- The bucket at now: (tokens, t), t <= now, or (0, t) in debt with now < t <= now + C·I.
+local function token_refill(key, p, now)
   local c, i = p.capacity, p.interval
   local s = redis.call('HMGET', key, 'n', 't')
   local sn, st = int(s[1]), int(s[2])
   local n, t = c, now
-  -- A t after now (corruption, clock stepped back) reads as fresh, i.e. full.
-  if sn ~= nil and st ~= nil and st <= now then
+  -- Any other t after now (corruption, clock stepped back) reads as fresh, i.e. full.
+  if sn == 0 and st ~= nil and st > now and st - now <= c * i then
+    n, t = 0, st
+  elseif sn ~= nil and st ~= nil and st <= now then
     n = math.min(sn, c)
     local add = idiv(now - st, i) -- divide first: no overflow after a long idle
     if add >= c - n then
@@ -16,8 +21,14 @@ ALGO.token_bucket = function(key, p, now, cost, commit)
       n, t = n + add, st + add * i
     end
   end
+  return n, t
+end
+
+ALGO.token_bucket = function(key, p, now, cost, commit)
+  local c, i = p.capacity, p.interval
+  local n, t = token_refill(key, p, now)
   -- Time until `need` more tokens have arrived: the first one arrives at t + I.
-  local function after(need) return need * i - (now - t) end
+  local function after(need) return math.max(t + need * i - now, 0) end
   if cost > c then return 2, c, n, 0, after(c - n) end
   if cost == 0 then return 0, c, n, 0, after(c - n) end
   if cost > n then return 1, c, n, after(cost - n), after(c - n) end
@@ -27,4 +38,16 @@ ALGO.token_bucket = function(key, p, now, cost, commit)
     expire_us(key, after(c - left))
   end
   return 0, c, left, 0, after(c - left)
+end
+
+-- Charge whatever is left (after the answer): what does not fit is owed, at most C·I ahead.
+CHARGE.token_bucket = function(key, p, now, cost)
+  local c, i = p.capacity, p.interval
+  local n, t = token_refill(key, p, now)
+  if cost <= n then return ALGO.token_bucket(key, p, now, cost, true) end
+  t = math.min(t + (cost - n) * i, now + c * i)
+  redis.call('HSET', key, 'n', '0', 't', fmt(t))
+  local reset = t + c * i - now
+  expire_us(key, reset)
+  return 0, c, 0, 0, reset
 end

@@ -2334,6 +2334,7 @@ fn lua_accepts_limit_strict(p: &Params, max_cost: u64) -> Result<(), TestCaseErr
             params: *p,
             cost,
             shadow: cost == 1,
+            op: Default::default(),
         };
         let args = argv("nonce", true, &[call]);
         if let Err(e) = lua_check_argv(&args, 1, now) {
@@ -2462,13 +2463,14 @@ fn fuzz_script_args() {
                     params: *p,
                     cost: 1 + c.index(p.capacity.min(1 << 20) as usize) as u64,
                     shadow: *shadow,
+                    op: Default::default(),
                 })
                 .collect();
             let args = argv(&nonce, commit, &calls);
             prop_assert_eq!(args.len(), 2 + ARGS_PER_KEY * calls.len());
             prop_assert_eq!(&args[0], &nonce);
             prop_assert_eq!(&args[1], if commit { "1" } else { "0" });
-            // Round trip: each limit's 8 values read back as what was sent.
+            // Round trip: each limit's 9 values read back as what was sent.
             for (c, a) in calls.iter().zip(args[2..].chunks_exact(ARGS_PER_KEY)) {
                 let p = &c.params;
                 prop_assert_eq!(Algorithm::from_name(&a[0]), Some(p.algorithm));
@@ -2482,7 +2484,8 @@ fn fuzz_script_args() {
                         p.interval_us,
                         p.unit_us,
                         c.cost,
-                        u64::from(c.shadow)
+                        u64::from(c.shadow),
+                        c.op as u64
                     ]
                 );
             }

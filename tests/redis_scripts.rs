@@ -9,7 +9,7 @@
 //! real-clock tests at the end.
 mod support;
 
-use sluice::limiter::algo::{self, Algorithm, Code, Decision, Params, State};
+use sluice::limiter::algo::{self, Algorithm, Code, Decision, Op, Params, State};
 use sluice::limiter::store::memory::{Clock, MemoryStore};
 use sluice::limiter::store::{scripts, LimitCall};
 use std::sync::atomic::Ordering;
@@ -72,10 +72,22 @@ impl Lua {
         now: Option<u64>,
     ) -> Result<Vec<Decision>, String> {
         self.nonce += 1;
+        let id = self.nonce;
+        self.call_as(calls, commit, now, id)
+    }
+
+    /// One call whose nonce (concurrency leases, sliding_log members) is made of `id`.
+    fn call_as(
+        &mut self,
+        calls: &[LimitCall],
+        commit: bool,
+        now: Option<u64>,
+        id: u64,
+    ) -> Result<Vec<Decision>, String> {
         let mut args: Vec<String> =
             vec!["EVALSHA".into(), self.sha.clone(), calls.len().to_string()];
         args.extend(calls.iter().map(|c| c.key.clone()));
-        args.extend(scripts::argv(&format!("t{}", self.nonce), commit, calls));
+        args.extend(scripts::argv(&format!("t{id}"), commit, calls));
         args.extend(now.map(|n| n.to_string()));
         self.raw(&args)
     }
@@ -103,6 +115,7 @@ fn limit(key: &str, p: Params, cost: u64) -> LimitCall {
         params: p,
         cost,
         shadow: false,
+        op: Default::default(),
     }
 }
 
@@ -201,27 +214,70 @@ fn twins_agree(conn_for: &dyn Fn(&str) -> Conn, tag: &str, steps: usize) {
     }
 }
 
-/// Several limits per call (some shadow), against the embedded store at the same `now`.
+/// Two concurrency limits: 3 in flight with 5 s leases, 1 with 60 s leases.
+fn concurrency_sets() -> [Params; 2] {
+    [
+        Params::concurrency(3, 5 * S).unwrap(),
+        Params::concurrency(1, 60 * S).unwrap(),
+    ]
+}
+
+/// Several limits per call (some shadow), against the embedded store at the same `now`:
+/// ordinary decisions, probes and charges after the answer on the six rate algorithms, and
+/// concurrency leases taken, released and renewed by the same call ids on both sides.
 fn multi_limit_agrees_with_the_embedded_store(mut lua: Lua, tag: &str, steps: usize) {
     let mut r = Rng(0x5EED_0002);
     let (clock, time) = Clock::manual(T0);
     let mem = MemoryStore::new(10_000, clock);
     let mut now = T0;
+    let mut held: Vec<(LimitCall, u64)> = Vec::new();
     for step in 0..steps {
+        let id = 1_000_000 + step as u64;
+        now += r.below(3 * S);
+        time.store(now, Ordering::Relaxed);
+        if !held.is_empty() && r.below(4) == 0 {
+            // Release (or renew) a lease an earlier call took.
+            let (mut c, lease) = held.swap_remove(r.below(held.len() as u64) as usize);
+            c.op = if r.below(3) == 0 {
+                Op::Renew
+            } else {
+                Op::Release
+            };
+            let want = mem.decide_as(std::slice::from_ref(&c), lease);
+            let got = lua.call_as(std::slice::from_ref(&c), true, Some(now), lease);
+            assert_eq!(got.unwrap(), want, "step {step}: {c:?}");
+            if c.op == Op::Renew {
+                c.op = Op::Decide;
+                held.push((c, lease));
+            }
+            continue;
+        }
         let n = 1 + r.below(3) as usize;
         let calls: Vec<LimitCall> = (0..n)
             .map(|i| {
-                let a = Algorithm::ALL[r.below(6) as usize];
+                let k = r.below(7) as usize;
                 let set = r.below(2);
-                let p = param_sets(a)[set as usize];
+                let (p, op, cost) = if k == 6 {
+                    (concurrency_sets()[set as usize], Op::Decide, 1)
+                } else {
+                    let p = param_sets(Algorithm::ALL[k])[set as usize];
+                    let op = [Op::Decide, Op::Decide, Op::Probe, Op::Charge][r.below(4) as usize];
+                    let cost = match op {
+                        // Charges past the limit, often past the debt a bucket may keep.
+                        Op::Charge if r.below(2) == 0 => r.below(2 * p.capacity.min(500) + 2),
+                        _ => cost(&mut r, &p),
+                    };
+                    (p, op, cost)
+                };
                 LimitCall {
                     // Few distinct keys, so limits of different requests meet. The params are
                     // part of the key: a changed window is a config edit, after which Redis's
                     // real-time TTLs and the pinned clock would disagree on expiry.
-                    key: format!("multi:{}:{set}:{i}:{{{tag}}}", a.name()),
+                    key: format!("multi:{}:{set}:{i}:{{{tag}}}", p.algorithm.name()),
                     params: p,
-                    cost: cost(&mut r, &p),
+                    cost,
                     shadow: r.below(4) == 0,
+                    op,
                 }
             })
             .collect();
@@ -229,11 +285,16 @@ fn multi_limit_agrees_with_the_embedded_store(mut lua: Lua, tag: &str, steps: us
         if (1..n).any(|i| calls[..i].iter().any(|c| c.key == calls[i].key)) {
             continue;
         }
-        now += r.below(3 * S);
-        time.store(now, Ordering::Relaxed);
-        let want = mem.decide(&calls);
-        let got = lua.call(&calls, true, Some(now)).unwrap();
+        let want = mem.decide_as(&calls, id);
+        let got = lua.call_as(&calls, true, Some(now), id).unwrap();
         assert_eq!(got, want, "step {step}: {calls:?}");
+        if sluice::limiter::store::request_allowed(&calls, &want) {
+            for (c, d) in calls.iter().zip(&want) {
+                if c.params.algorithm == Algorithm::Concurrency && d.allowed() {
+                    held.push((c.clone(), id));
+                }
+            }
+        }
         // Peeks (commit 0) agree too and write nothing.
         let c = &calls[0];
         let peek = mem.peek(&c.key, &c.params);
@@ -365,6 +426,7 @@ fn garbage_and_old_state_never_admit_more_than_capacity() {
             for (j, y) in values.iter().enumerate() {
                 let key = format!("g:{}:{i}:{j}", a.name());
                 match a {
+                    Algorithm::Concurrency => unreachable!("not a rate algorithm"),
                     Algorithm::FixedWindow => conn.cmd_ok(&["HSET", &key, "w", x, "n", y]),
                     Algorithm::SlidingWindow => {
                         conn.cmd_ok(&["HSET", &key, "w", x, "c", y, "p", y])

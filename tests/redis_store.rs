@@ -45,6 +45,7 @@ fn call(key: &str, a: Algorithm, n: u64, w: u64) -> LimitCall {
         params: Params::new(a, n, w, None).unwrap(),
         cost: 1,
         shadow: false,
+        op: Default::default(),
     }
 }
 

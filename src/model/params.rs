@@ -9,9 +9,12 @@ pub enum Algorithm {
     TokenBucket,
     LeakyBucket,
     Gcra,
+    /// Requests in flight, not a rate: `limit` is `max`, `window_us` the lease.
+    Concurrency,
 }
 
 impl Algorithm {
+    /// The six rate algorithms (`concurrency` is apart: nothing about it refills with time).
     pub const ALL: [Algorithm; 6] = [
         Algorithm::FixedWindow,
         Algorithm::SlidingLog,
@@ -29,11 +32,13 @@ impl Algorithm {
             Algorithm::TokenBucket => "token_bucket",
             Algorithm::LeakyBucket => "leaky_bucket",
             Algorithm::Gcra => "gcra",
+            Algorithm::Concurrency => "concurrency",
         }
     }
 
     pub fn from_name(s: &str) -> Option<Algorithm> {
-        Algorithm::ALL.into_iter().find(|a| a.name() == s)
+        let all = Algorithm::ALL.into_iter().chain([Algorithm::Concurrency]);
+        all.into_iter().find(|a| a.name() == s)
     }
 
     /// Bucket algorithms take `burst` (capacity); window algorithms do not.
@@ -80,6 +85,10 @@ pub enum ParamsError {
     ZeroBurst,
     #[error("sliding_log keeps one entry per admitted unit: at most 10000 per window")]
     SlidingLogTooLarge,
+    #[error("max must be at most 10000 requests in flight (one lease each)")]
+    ConcurrencyTooLarge,
+    #[error("lease must be at least 1s and at most 1d")]
+    Lease,
     #[error("parameters too large to be decided exactly ({0} reaches 2^53)")]
     Overflow(&'static str),
 }
@@ -140,6 +149,32 @@ impl Params {
         Ok(p)
     }
 
+    /// The most requests of one key in flight a concurrency limit may allow (one lease each).
+    pub const MAX_CONCURRENCY: u64 = 10_000;
+    pub const MAX_LEASE_US: u64 = 86_400 * 1_000_000;
+
+    /// `algorithm: concurrency`: at most `max` in flight, leases of `lease_us`.
+    pub fn concurrency(max: u64, lease_us: u64) -> Result<Params, ParamsError> {
+        if max == 0 {
+            return Err(ParamsError::ZeroLimit);
+        }
+        if max > Self::MAX_CONCURRENCY {
+            return Err(ParamsError::ConcurrencyTooLarge);
+        }
+        if !(Self::MIN_WINDOW_US..=Self::MAX_LEASE_US).contains(&lease_us) {
+            return Err(ParamsError::Lease);
+        }
+        Ok(Params {
+            algorithm: Algorithm::Concurrency,
+            limit: max,
+            window_us: lease_us,
+            capacity: max,
+            interval_us: 1,
+            unit_us: 1,
+            month: false,
+        })
+    }
+
     /// `fixed_window` at `limit` per UTC calendar month.
     pub fn monthly(limit: u64) -> Result<Params, ParamsError> {
         let mut p = Params::new(Algorithm::FixedWindow, limit, Self::MONTH_US, None)?;
@@ -176,8 +211,13 @@ impl Params {
         match self.algorithm {
             // prev·(W−e) ≤ (N−cur−c)·W: both sides are at most N·W in `unit_us` units.
             Algorithm::SlidingWindow => lt(self.limit, self.window_us / self.unit_us, "N·window"),
-            Algorithm::FixedWindow | Algorithm::SlidingLog => Ok(()),
-            _ => lt(self.capacity, self.interval_us, "burst·interval"),
+            Algorithm::FixedWindow | Algorithm::SlidingLog | Algorithm::Concurrency => Ok(()),
+            // Twice: a charge after the answer may leave one capacity of debt.
+            _ => lt(
+                self.capacity.saturating_mul(2),
+                self.interval_us,
+                "burst·interval",
+            ),
         }
     }
 

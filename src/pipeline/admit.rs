@@ -189,6 +189,7 @@ pub fn plan<'a>(
             params: rule.params,
             cost,
             shadow: rule.shadow,
+            op: Default::default(),
         });
         which.push(i);
     }

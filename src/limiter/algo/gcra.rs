@@ -8,19 +8,26 @@ pub struct State {
     pub tat: u64,
 }
 
-/// A TAT more than C·I ahead of now cannot come from this rule under a monotone clock (only
-/// from corruption, a store clock stepping back, or a lowered burst): it reads as fresh, which
-/// admits at most C at once. Clamping it instead would lock the key until the stored TAT
-/// (a limited request writes nothing, so a clamp would never stick and retry would lie).
+/// How far the bucket is from full at `now`, in µs: tat − now ∈ [0, 2·C·I]. Past C·I is the
+/// debt a charge after the answer leaves ([`charge`] never goes further). A TAT more than
+/// 2·C·I ahead cannot come from these rules under a monotone clock (only from corruption, a
+/// store clock stepping back, or a lowered burst): it reads as fresh, which admits at most C
+/// at once. Clamping it instead would lock the key until the stored TAT (a limited request
+/// writes nothing, so a clamp would never stick and retry would lie).
+fn debt(p: &Params, state: &Option<State>, now: u64) -> u64 {
+    match state {
+        Some(s) if s.tat.saturating_sub(now) <= 2 * p.capacity * p.interval_us => {
+            s.tat.saturating_sub(now)
+        }
+        _ => 0,
+    }
+}
+
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     let (c, i) = (p.capacity, p.interval_us);
     let full = c * i;
-    // debt = tat − now ∈ [0, C·I]: how far the bucket is from full, in µs.
-    let debt = match state {
-        Some(s) if s.tat.saturating_sub(now) <= full => s.tat.saturating_sub(now),
-        _ => 0,
-    };
-    let remaining = (full - debt) / i;
+    let debt = debt(p, state, now);
+    let remaining = full.saturating_sub(debt) / i;
     if cost > c {
         return verdict(Code::CannotFit, c, remaining, 0, debt, None);
     }
@@ -36,6 +43,16 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         debt2
     });
     verdict(Code::Allowed, c, (full - debt2) / i, 0, debt2, ttl)
+}
+
+/// Charge `cost` whatever is left (after the answer): the TAT may pass now + C·I, up to
+/// now + 2·C·I. Always admitted.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let (c, i) = (p.capacity, p.interval_us);
+    let debt2 = (debt(p, state, now) + cost * i).min(2 * c * i);
+    *state = Some(State { tat: now + debt2 });
+    let remaining = (c * i).saturating_sub(debt2) / i;
+    verdict(Code::Allowed, c, remaining, 0, debt2, Some(debt2))
 }
 
 #[cfg(test)]
@@ -73,10 +90,10 @@ mod tests {
     }
 
     #[test]
-    fn tat_in_the_past_is_now_and_beyond_capacity_is_fresh() {
+    fn tat_in_the_past_is_now_and_beyond_twice_capacity_is_fresh() {
         let p = params(Gcra, 5, 5 * S, None);
         let now = 1_700_000_000 * S;
-        for tat in [0, now - 1, now + 5 * S + 1, u64::MAX] {
+        for tat in [0, now - 1, now + 10 * S + 1, u64::MAX] {
             let d = step(&p, &mut Some(Any::Gcra(State { tat })), now, 1).decision;
             assert_eq!(d.remaining, 4, "{tat}");
         }

@@ -9,6 +9,7 @@
 //! admitted, or `None` when the resulting state is "empty" (the key should be deleted).
 
 pub mod calendar;
+pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
@@ -70,6 +71,99 @@ pub enum State {
     TokenBucket(token_bucket::State),
     LeakyBucket(leaky_bucket::State),
     Gcra(gcra::State),
+    Concurrency(concurrency::State),
+}
+
+/// What a store call does with one limit (see `lua/decide.lua`, which takes the same codes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Op {
+    /// Admit `cost` iff it fits, and charge it (a concurrency limit takes a slot).
+    #[default]
+    Decide = 0,
+    /// Admit iff `cost` would fit, charge nothing (a limit charged by the answer, before it).
+    Probe = 1,
+    /// Charge `cost` even past the limit, into debt (the charge after the answer). Admitted.
+    Charge = 2,
+    /// Free the request's concurrency slot.
+    Release = 3,
+    /// Extend the request's concurrency lease.
+    Renew = 4,
+}
+
+impl Op {
+    /// Whether the request's admission depends on this call (the others always pass).
+    pub fn decides(self) -> bool {
+        matches!(self, Op::Decide | Op::Probe)
+    }
+}
+
+/// One store operation on one limit: `op` at `now`, writing only when `write` (the first,
+/// dry pass of an all-or-nothing call has it false). `id` names the request's concurrency
+/// lease. This is what the embedded store runs for every call; `lua/decide.lua` is its twin.
+pub fn run(
+    p: &Params,
+    state: &mut Option<State>,
+    now: u64,
+    cost: u64,
+    op: Op,
+    id: u64,
+    write: bool,
+) -> Verdict {
+    if p.algorithm == Algorithm::Concurrency {
+        let mut own = match state.take() {
+            Some(State::Concurrency(s)) => Some(s),
+            _ => None,
+        };
+        let v = match op {
+            Op::Decide | Op::Probe => {
+                concurrency::decide(p, &mut own, now, cost, write && op == Op::Decide, id)
+            }
+            Op::Release if write => concurrency::release(p, &mut own, now, id),
+            Op::Renew if write => concurrency::renew(p, &mut own, now, id),
+            _ => concurrency::decide(p, &mut own.clone(), now, 0, false, id),
+        };
+        *state = own.map(State::Concurrency);
+        return v;
+    }
+    match op {
+        Op::Decide => decide(p, state, now, cost, write),
+        Op::Charge if write && cost > 0 => charge(p, state, now, cost),
+        Op::Charge => decide(p, state, now, 0, false),
+        Op::Probe | Op::Release | Op::Renew => decide(p, state, now, cost, false),
+    }
+}
+
+/// Charge `cost` whatever is left (after the answer; always admitted, `remaining` 0 when it
+/// did not fit). Buckets go into debt, at most one capacity of it, that later requests wait
+/// out. A window algorithm counts what still fits in the window: past N it refuses until
+/// the window (or, for sliding windows, the weight of it) moves on either way, and the excess
+/// would outlive the window only as a count no window keeps.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    if cost == 0 {
+        return decide(p, state, now, 0, false);
+    }
+    macro_rules! debt {
+        ($m:ident, $v:ident) => {{
+            let mut own = match state.take() {
+                Some(State::$v(s)) => Some(s),
+                _ => None,
+            };
+            let v = $m::charge(p, &mut own, now, cost);
+            *state = own.map(State::$v);
+            v
+        }};
+    }
+    match p.algorithm {
+        Algorithm::TokenBucket => debt!(token_bucket, TokenBucket),
+        Algorithm::LeakyBucket => debt!(leaky_bucket, LeakyBucket),
+        Algorithm::Gcra => debt!(gcra, Gcra),
+        _ => {
+            let left = decide(p, state, now, 0, false).decision.remaining;
+            let mut v = decide(p, state, now, cost.min(left), true);
+            v.decision.code = Code::Allowed;
+            v
+        }
+    }
 }
 
 /// What one call to [`decide`] did.
@@ -128,12 +222,21 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         Algorithm::TokenBucket => run!(token_bucket, TokenBucket),
         Algorithm::LeakyBucket => run!(leaky_bucket, LeakyBucket),
         Algorithm::Gcra => run!(gcra, Gcra),
+        Algorithm::Concurrency => {
+            let mut own = match state.take() {
+                Some(State::Concurrency(s)) => Some(s),
+                _ => None,
+            };
+            let v = concurrency::decide(p, &mut own, now, cost, commit, 0);
+            *state = own.map(State::Concurrency);
+            v
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::testkit::{params, peek, step};
+    use super::testkit::{charge_step, params, peek, step};
     use super::*;
     use proptest::prelude::*;
 
@@ -194,10 +297,71 @@ mod tests {
             let mut now = start;
             for (dt, raw) in sched {
                 now += dt;
-                let c = cost(raw, ps[0].capacity);
-                let v: Vec<Verdict> = ps.iter().zip(&mut states).map(|(p, s)| step(p, s, now, c)).collect();
+                // Every fourth request is a charge after the answer, of up to 2C + 1.
+                let charged = raw % 4 == 3;
+                let c = if charged { (raw >> 2) % (2 * ps[0].capacity + 2) } else { cost(raw, ps[0].capacity) };
+                let v: Vec<Verdict> = ps.iter().zip(&mut states).map(|(p, s)| {
+                    if charged { charge_step(p, s, now, c) } else { step(p, s, now, c) }
+                }).collect();
                 prop_assert_eq!(v[0], v[1]);
                 prop_assert_eq!(v[0], v[2]);
+            }
+        }
+
+        /// Charges after the answer keep every algorithm's contract too (they are checked by
+        /// `charge_step`), interleaved with ordinary requests and probes.
+        #[test]
+        fn charges_and_probes_keep_the_contract(
+            a in algorithm(),
+            n in 1u64..20,
+            w in S..10 * S,
+            start in 0u64..1 << 52,
+            sched in schedule(),
+        ) {
+            let p = params(a, n, w, None);
+            let (mut st, mut now) = (None, start);
+            for (dt, raw) in sched {
+                now += dt;
+                let c = cost(raw >> 2, p.capacity);
+                match raw % 4 {
+                    0 => { charge_step(&p, &mut st, now, c); }
+                    1 => {
+                        let before = st.clone();
+                        let probe = run(&p, &mut st, now, c, Op::Probe, 0, true);
+                        prop_assert_eq!(&st, &before);
+                        prop_assert_eq!(probe.decision, peek(&p, &st, now, c));
+                    }
+                    _ => { step(&p, &mut st, now, c); }
+                }
+            }
+        }
+    }
+
+    /// A charge that does not fit leaves the state in debt that a cost-1 request waits out
+    /// exactly (buckets), or uses up the window (window algorithms).
+    #[test]
+    fn a_charge_past_the_limit_is_waited_out() {
+        let t0 = 1_700_000_000 * S;
+        for a in Algorithm::ALL {
+            let p = params(a, 5, 5 * S, None);
+            let mut st = None;
+            step(&p, &mut st, t0, 1);
+            let v = charge_step(&p, &mut st, t0, 8);
+            assert_eq!((v.decision.code, v.decision.remaining), (Code::Allowed, 0));
+            let d = peek(&p, &st, t0, 1);
+            let want = match a {
+                // The window is used up: its end, or when the full previous window weighs
+                // little enough.
+                Algorithm::SlidingWindow => 6 * S,
+                // Buckets: 1 + 8 taken from 5 is 4 owed, and the next token after them.
+                _ => 5 * S,
+            };
+            assert_eq!((d.code, d.retry_after_us), (Code::Limited, want), "{a:?}");
+            if a.is_bucket() {
+                // The debt is at most one capacity: a charge of 100 waits 2C intervals.
+                let v = charge_step(&p, &mut st, t0, 100);
+                assert_eq!(v.decision.reset_after_us, 10 * S, "{a:?}");
+                assert_eq!(peek(&p, &st, t0, 1).retry_after_us, 6 * S, "{a:?}");
             }
         }
     }
@@ -273,6 +437,7 @@ mod tests {
             Algorithm::Gcra => [0, m, now + full, now + full + 1, now - 20 * YEAR, future]
                 .map(|tat| State::Gcra(gcra::State { tat }))
                 .to_vec(),
+            Algorithm::Concurrency => vec![],
         }
     }
 

@@ -1,7 +1,7 @@
 //! Test helpers: every decision made through [`step`] is checked against the contract that
 //! all six algorithms share (dry run = commit, code 2 and limits write nothing, peeks write
 //! nothing, admitted iff cost ≤ remaining, exact retry and reset, TTL leaves a fresh key).
-use super::{decide, Algorithm, Code, Decision, Params, State, Verdict};
+use super::{charge, decide, Algorithm, Code, Decision, Params, State, Verdict};
 
 pub(crate) fn params(a: Algorithm, n: u64, w: u64, burst: Option<u64>) -> Params {
     Params::new(a, n, w, burst).expect("valid params")
@@ -87,6 +87,38 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
             peek(p, st, now + r, 0).remaining,
             full.limit,
             "reset too short"
+        );
+    }
+    v
+}
+
+/// Charge `cost` after the answer, asserting what a charge promises: admitted; what fits is
+/// charged as an ordinary request would be; otherwise `remaining` is 0 and the state is no
+/// further from full than one more capacity (buckets) or the window's quota (windows).
+pub(crate) fn charge_step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let before = peek(p, st, now, cost);
+    let v = charge(p, st, now, cost);
+    let d = v.decision;
+    assert_eq!(d.code, Code::Allowed, "a charge is always admitted");
+    if before.allowed() {
+        assert_eq!(d, before, "a charge that fits is an ordinary request");
+    } else {
+        assert_eq!(d.remaining, 0, "{d:?}");
+    }
+    let after = peek(p, st, now, 0);
+    assert_eq!(
+        (after.remaining, after.reset_after_us),
+        (d.remaining, d.reset_after_us)
+    );
+    if cost > 0 && (p.algorithm.is_bucket() || before.remaining > 0) {
+        let ttl = v.ttl_us.expect("a charge writes");
+        assert!(ttl >= 1 && ttl >= d.reset_after_us);
+        assert!(ttl <= 2 * p.capacity * p.interval_us + p.window_us, "{ttl}");
+        let later = now + ttl;
+        assert_eq!(
+            peek(p, st, later, 1),
+            peek(p, &None, later, 1),
+            "alive past TTL"
         );
     }
     v

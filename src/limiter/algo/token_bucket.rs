@@ -1,6 +1,10 @@
 //! Token bucket: capacity C, one token per I µs (remainder carried); admit iff tokens ≥ cost.
 //! Admitted cost in any interval of length τ is at most C + floor(τ/I), and that is reached.
 //! A full bucket is no state: a missing key means full.
+//!
+//! A charge after the answer ([`charge`]) may take more than is left: the bucket then owes
+//! tokens, stored as no tokens until a `t` in the future, at most one bucket's worth
+//! (C·I) ahead, so later requests wait the debt out and the long-run rate holds.
 use super::{verdict, Code, Params, Verdict};
 
 /// `tokens` were valid at `t`; the next token arrives at t + I.
@@ -10,16 +14,24 @@ pub struct State {
     pub t: u64,
 }
 
-/// The bucket at `now`, as (tokens, t) with t ≤ now and now − t < I unless full (t = now).
+/// The bucket at `now`, as (tokens, t) with t ≤ now and now − t < I unless full (t = now),
+/// or in debt: (0, t) with now < t ≤ now + C·I, no token before t + I.
 /// Divides before adding, so a bucket idle for years cannot overflow. More than C tokens reads
-/// as C. A `t` after `now` (corruption, or the store clock stepped back) reads as fresh, i.e.
-/// full: at most C at once. Reading it as `now` instead would restart the refill at every
-/// request that writes nothing (a limited one), so its retry would never come true.
+/// as C. Any other `t` after `now` (corruption, or the store clock stepped back) reads as
+/// fresh, i.e. full: at most C at once. Reading it as `now` instead would restart the refill
+/// at every request that writes nothing (a limited one), so its retry would never come true.
 fn refill(p: &Params, s: Option<&State>, now: u64) -> (u64, u64) {
     let (c, i) = (p.capacity, p.interval_us);
-    let Some(s) = s.filter(|s| s.t <= now) else {
+    let Some(s) = s else {
         return (c, now);
     };
+    if s.t > now {
+        return if s.tokens == 0 && s.t - now <= c * i {
+            (0, s.t)
+        } else {
+            (c, now)
+        };
+    }
     let (n, t) = (s.tokens.min(c), s.t);
     let add = (now - t) / i;
     if add >= c - n {
@@ -33,7 +45,7 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     let (c, i) = (p.capacity, p.interval_us);
     let (n, t) = refill(p, state.as_ref(), now);
     // Time until `need` tokens have been added: the first one arrives at t + I.
-    let after = |need: u64| need * i - (now - t);
+    let after = |need: u64| (t + need * i).saturating_sub(now);
     if cost > c {
         return verdict(Code::CannotFit, c, n, 0, after(c - n), None);
     }
@@ -49,6 +61,20 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         after(c - left)
     });
     verdict(Code::Allowed, c, left, 0, after(c - left), ttl)
+}
+
+/// Charge `cost` whatever is left (after the answer): what does not fit becomes debt, at most
+/// C·I of it ahead of now. Always admitted; `remaining` is 0 while in debt.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let (c, i) = (p.capacity, p.interval_us);
+    let (n, t) = refill(p, state.as_ref(), now);
+    if cost <= n {
+        return decide(p, state, now, cost, true);
+    }
+    let t = (t + (cost - n) * i).min(now + c * i);
+    *state = Some(State { tokens: 0, t });
+    let reset = t + c * i - now;
+    verdict(Code::Allowed, c, 0, 0, reset, Some(reset))
 }
 
 #[cfg(test)]

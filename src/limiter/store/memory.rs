@@ -106,11 +106,16 @@ impl MemoryStore {
     /// `remaining`). A key named twice is decided in order, the second call seeing the first's
     /// charge. Returns one decision per call, in order.
     pub fn decide(&self, calls: &[LimitCall]) -> Vec<Decision> {
+        self.decide_as(calls, super::next_id())
+    }
+
+    /// [`MemoryStore::decide`] as call `id` (the id of the concurrency leases it names).
+    pub fn decide_as(&self, calls: &[LimitCall], id: u64) -> Vec<Decision> {
         let now = self.clock.now_us();
         if let [call] = calls {
             // Alone, committing directly is all-or-nothing already: a refusal writes nothing.
             let mut shard = self.shards[self.shard_of(&call.key)].lock();
-            return vec![self.apply(&mut shard, &call.key, &call.params, call.cost, now, true)];
+            return vec![self.apply(&mut shard, call, id, now, true)];
         }
         let at: Vec<usize> = calls.iter().map(|c| self.shard_of(&c.key)).collect();
         let mut order = at.clone();
@@ -140,15 +145,14 @@ impl MemoryStore {
                             scratch.push((&c.key, live.map(|e| e.state.clone())));
                             scratch.len() - 1
                         });
-                    algo::decide(&c.params, &mut scratch[pos].1, now, c.cost, true).decision
+                    let st = &mut scratch[pos].1;
+                    algo::run(&c.params, st, now, c.cost, c.op, id, true).decision
                 })
                 .collect()
         } else {
             let shards = calls.iter().zip(&at);
             shards
-                .map(|(c, &i)| {
-                    self.apply(&mut guards[slot(i)], &c.key, &c.params, c.cost, now, false)
-                })
+                .map(|(c, &i)| self.apply(&mut guards[slot(i)], c, id, now, false))
                 .collect()
         };
         if !super::request_allowed(calls, &dry) {
@@ -159,7 +163,7 @@ impl MemoryStore {
         // admits any cost that fits, so nothing admitted in the dry run is refused here.)
         let shards = calls.iter().zip(&at);
         shards
-            .map(|(c, &i)| self.apply(&mut guards[slot(i)], &c.key, &c.params, c.cost, now, true))
+            .map(|(c, &i)| self.apply(&mut guards[slot(i)], c, id, now, true))
             .collect()
     }
 
@@ -167,9 +171,16 @@ impl MemoryStore {
     pub fn peek(&self, key: &str, params: &Params) -> Peek {
         let now = self.clock.now_us();
         let mut shard = self.shards[self.shard_of(key)].lock();
+        let call = |cost| LimitCall {
+            key: key.to_owned(),
+            params: *params,
+            cost,
+            shadow: true,
+            op: algo::Op::Probe,
+        };
         Peek {
-            now: self.apply(&mut shard, key, params, 0, now, false),
-            next: self.apply(&mut shard, key, params, 1, now, false),
+            now: self.apply(&mut shard, &call(0), 0, now, false),
+            next: self.apply(&mut shard, &call(1), 0, now, false),
         }
     }
 
@@ -195,22 +206,15 @@ impl MemoryStore {
         }
     }
 
-    /// Decide one limit on a locked shard; with `commit`, write what the algorithm wrote.
-    fn apply(
-        &self,
-        shard: &mut Shard,
-        key: &str,
-        p: &Params,
-        cost: u64,
-        now: u64,
-        commit: bool,
-    ) -> Decision {
+    /// Run one limit's call on a locked shard; with `commit`, write what the algorithm wrote.
+    fn apply(&self, shard: &mut Shard, c: &LimitCall, id: u64, now: u64, commit: bool) -> Decision {
+        let (key, p, cost) = (c.key.as_str(), &c.params, c.cost);
         match shard.get_mut(key) {
             Some(entry) if entry.expires_at_us > now => {
                 // Borrow the state out of the map (a cheap placeholder stands in meanwhile).
                 let placeholder = State::Gcra(gcra::State { tat: 0 });
                 let mut state = Some(std::mem::replace(&mut entry.state, placeholder));
-                let v = algo::decide(p, &mut state, now, cost, commit);
+                let v = algo::run(p, &mut state, now, cost, c.op, id, commit);
                 match state {
                     Some(s) => {
                         entry.state = s;
@@ -226,7 +230,7 @@ impl MemoryStore {
             }
             expired => {
                 let mut state = None;
-                let v = algo::decide(p, &mut state, now, cost, commit);
+                let v = algo::run(p, &mut state, now, cost, c.op, id, commit);
                 if let (Some(state), Some(ttl)) = (state, v.ttl_us) {
                     let entry = Entry {
                         state,
@@ -289,6 +293,7 @@ mod tests {
             params,
             cost,
             shadow,
+            op: Default::default(),
         }
     }
 

@@ -9,10 +9,11 @@ pub mod memory;
 pub mod redis;
 pub mod scripts;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::limiter::algo::{Decision, Params};
+use crate::limiter::algo::{Decision, Op, Params};
 use memory::MemoryStore;
 use redis::RedisStore;
 
@@ -25,6 +26,16 @@ pub struct LimitCall {
     pub cost: u64,
     /// A shadow limit is decided and counted but never refuses the request.
     pub shadow: bool,
+    /// What the call does with this limit (decide, probe, charge after the answer, release or
+    /// renew a concurrency lease).
+    pub op: Op,
+}
+
+/// A new call id, unique in this process: names a request's concurrency leases (with the
+/// Redis store's per-process prefix, across gateways) and its sliding_log entries.
+pub fn next_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Whether a request passes, given its limits and their decisions (in the same order): every
@@ -71,7 +82,8 @@ impl StoreError {
 }
 
 /// The configured store behind one handle, so the limit stage and the admin API need not
-/// care which it is.
+/// care which it is. Cloning it clones a handle.
+#[derive(Clone)]
 pub enum Store {
     Memory(Arc<MemoryStore>),
     Redis(Arc<RedisStore>),
@@ -93,9 +105,19 @@ impl Store {
     /// and tokio move a request's future a few times before polling it, and copying 16 KB
     /// each time cost 7 % of the gateway's CPU (perf, `__memmove_avx_unaligned_erms`).
     pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+        self.decide_as(calls, next_id()).await
+    }
+
+    /// [`Store::decide`] as call `id`: the concurrency leases it takes, releases or renews
+    /// are named by it (so a request's later calls reuse its first call's id).
+    pub async fn decide_as(
+        &self,
+        calls: &[LimitCall],
+        id: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
         match self {
-            Store::Memory(m) => Ok(m.decide(calls)),
-            Store::Redis(r) => Box::pin(r.decide(calls)).await,
+            Store::Memory(m) => Ok(m.decide_as(calls, id)),
+            Store::Redis(r) => Box::pin(r.decide_as(calls, id)).await,
         }
     }
 

@@ -21,7 +21,7 @@
 //! limit).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,9 +44,9 @@ pub struct RedisStore {
     cluster: bool,
     sha: String,
     breaker: Breaker,
-    /// Per-process random prefix + counter: unique sliding_log members across gateways.
+    /// Per-process random prefix of call nonces (+ the call id): unique sliding_log members
+    /// and concurrency leases across gateways.
     nonce_prefix: String,
-    counter: AtomicU64,
     /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
     ever_connected: AtomicBool,
 }
@@ -196,7 +196,6 @@ impl RedisStore {
             sha: scripts::sha1_hex(scripts::SCRIPT),
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
-            counter: AtomicU64::new(0),
             ever_connected: AtomicBool::new(false),
         })
     }
@@ -248,15 +247,19 @@ impl RedisStore {
         Ok(client.with_options(&self.opts))
     }
 
-    fn nonce(&self) -> String {
-        let n = self.counter.fetch_add(1, Ordering::Relaxed);
-        format!("{}{n:x}", self.nonce_prefix)
+    fn nonce(&self, id: u64) -> String {
+        format!("{}{id:x}", self.nonce_prefix)
     }
 
     /// One script call (keys all in one slot). NOSCRIPT means it did not run: send it once
     /// more with the script itself.
-    async fn eval(&self, calls: &[LimitCall], commit: bool) -> Result<Vec<Decision>, StoreError> {
-        let nonce = self.nonce();
+    async fn eval(
+        &self,
+        calls: &[LimitCall],
+        commit: bool,
+        id: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let nonce = self.nonce(id);
         let keys = || calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>();
         let client = self.client().await?;
         let argv = scripts::argv(&nonce, commit, calls);
@@ -273,9 +276,13 @@ impl RedisStore {
     }
 
     /// Decide all of a request's limits (see the module doc for Cluster).
-    async fn decide_unguarded(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+    async fn decide_unguarded(
+        &self,
+        calls: &[LimitCall],
+        id: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
         if !self.cluster {
-            return self.eval(calls, true).await;
+            return self.eval(calls, true, id).await;
         }
         // Group the calls by hash slot, remembering each call's position.
         let mut slots: BTreeMap<u16, (Vec<LimitCall>, Vec<usize>)> = BTreeMap::new();
@@ -287,14 +294,14 @@ impl RedisStore {
             g.1.push(i);
         }
         if slots.len() == 1 {
-            return self.eval(calls, true).await;
+            return self.eval(calls, true, id).await;
         }
         let groups: Vec<_> = slots.into_values().collect();
         let run = |commit: bool| {
             let groups = &groups;
             async move {
                 let answers =
-                    try_join_all(groups.iter().map(|(g, _)| self.eval(g, commit))).await?;
+                    try_join_all(groups.iter().map(|(g, _)| self.eval(g, commit, id))).await?;
                 let mut out = vec![None; calls.len()];
                 for ((_, at), ds) in groups.iter().zip(answers) {
                     for (&i, d) in at.iter().zip(ds) {
@@ -304,6 +311,10 @@ impl RedisStore {
                 Ok::<Vec<Decision>, StoreError>(out.into_iter().flatten().collect())
             }
         };
+        // Charges and lease releases pass whatever the state: no dry run to wait for.
+        if !calls.iter().any(|c| c.op.decides()) {
+            return run(true).await;
+        }
         let dry = run(false).await?;
         if !super::request_allowed(calls, &dry) {
             return Ok(dry);
@@ -318,8 +329,17 @@ impl RedisStore {
     }
 
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
+    pub async fn decide_as(
+        &self,
+        calls: &[LimitCall],
+        id: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
+        self.guarded(self.decide_unguarded(calls, id)).await
+    }
+
+    /// [`RedisStore::decide_as`] with a new call id.
     pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
-        self.guarded(self.decide_unguarded(calls)).await
+        self.decide_as(calls, super::next_id()).await
     }
 
     async fn guarded<T>(
@@ -346,8 +366,12 @@ impl RedisStore {
             params: *params,
             cost,
             shadow: true,
+            op: crate::limiter::algo::Op::Probe,
         };
-        let d = self.guarded(self.eval(&[call(0), call(1)], false)).await?;
+        let id = super::next_id();
+        let d = self
+            .guarded(self.eval(&[call(0), call(1)], false, id))
+            .await?;
         Ok(Peek {
             now: d[0],
             next: d[1],

@@ -14,6 +14,7 @@ macro_rules! sluice_lua_body {
             include_str!("../../../lua/token_bucket.lua"),
             include_str!("../../../lua/leaky_bucket.lua"),
             include_str!("../../../lua/gcra.lua"),
+            include_str!("../../../lua/concurrency.lua"),
             include_str!("../../../lua/decide.lua"),
         )
     };
@@ -37,9 +38,9 @@ pub fn sha1_hex(script: &str) -> String {
 }
 
 /// ARGV entries per key after the two leading ones (see `lua/decide.lua`).
-pub const ARGS_PER_KEY: usize = 8;
+pub const ARGS_PER_KEY: usize = 9;
 
-/// The ARGV of one script call: nonce, commit flag, then 8 values per limit.
+/// The ARGV of one script call: nonce, commit flag, then 9 values per limit.
 pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String> {
     let mut a = Vec::with_capacity(2 + ARGS_PER_KEY * calls.len());
     a.push(nonce.to_owned());
@@ -55,6 +56,7 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
             p.unit_us,
             c.cost,
             u64::from(c.shadow),
+            c.op as u64,
         ] {
             a.push(v.to_string());
         }
@@ -97,7 +99,8 @@ mod tests {
     #[test]
     fn script_starts_with_the_shebang_and_has_every_algorithm() {
         assert!(SCRIPT.starts_with("#!lua\n"));
-        for a in crate::limiter::algo::Algorithm::ALL {
+        use crate::limiter::algo::Algorithm;
+        for a in Algorithm::ALL.into_iter().chain([Algorithm::Concurrency]) {
             assert!(
                 BODY.contains(&format!("ALGO.{} = function", a.name())),
                 "{a:?}"
