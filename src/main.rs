@@ -218,7 +218,9 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
             let _ = writeln!(
                 s,
                 "      limit {:<14} {} {}{burst} by {by}{shadow}",
-                l.name, l.algorithm, l.rate
+                l.name,
+                l.algorithm,
+                l.describe()
             );
         }
     }
@@ -234,7 +236,7 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
             let limits: Vec<String> = fp
                 .limits
                 .iter()
-                .map(|l| format!("{} {} {}", l.name, l.algorithm, l.rate))
+                .map(|l| format!("{} {} {}", l.name, l.algorithm, l.describe()))
                 .collect();
             let _ = writeln!(
                 s,

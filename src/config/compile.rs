@@ -17,7 +17,7 @@ use super::{units, ConfigError, ConfigErrors};
 use crate::limiter::algo::{Algorithm, Params, ParamsError};
 use crate::model::consumer::{Consumer, Consumers, Plan};
 use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
-use crate::model::limit::{Cost, KeyPart, LimitRule};
+use crate::model::limit::{AnswerCost, Charge, Cost, KeyPart, LimitRule, StatusSet};
 use crate::model::path::PathRules;
 use crate::model::policy::{RedisMode, StoreKind};
 use crate::model::route::{HostMatch, Matcher, PathMatch, Route};
@@ -872,7 +872,6 @@ fn limit_rule(
         );
         return None;
     };
-    let rate_path = format!("{base}.rate");
     let burst_path = format!("{base}.burst");
     if l.burst.is_some() && !algorithm.is_bucket() {
         c.err(
@@ -884,48 +883,29 @@ fn limit_rule(
         );
         return None;
     }
-    let params = if let Some(n) = monthly(&l.rate) {
-        if algorithm != Algorithm::FixedWindow {
-            c.err(
-                &rate_path,
-                format!(
-                    "calendar windows (`N/month`) apply to fixed_window, not {}",
-                    algorithm.name()
-                ),
-            );
-            return None;
-        }
-        n.map_err(|_| ParamsError::ZeroLimit)
-            .and_then(Params::monthly)
+    let params = if algorithm == Algorithm::Concurrency {
+        concurrency(c, base, l)?
     } else {
-        let (n, window) = match units::rate(&l.rate) {
-            Ok(r) => r,
-            Err(e) => {
-                c.err(&rate_path, e);
+        for (field, set) in [("max", l.max.is_some()), ("lease", l.lease.is_some())] {
+            if set {
+                c.err(
+                    &format!("{base}.{field}"),
+                    format!("`{field}` applies to concurrency limits; this one has a `rate`"),
+                );
                 return None;
             }
-        };
-        Params::new(
-            algorithm,
-            n,
-            u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
-            l.burst,
-        )
-    };
-    let params = match params {
-        Ok(p) => p,
-        Err(e) => {
-            let at = match e {
-                ParamsError::ZeroBurst | ParamsError::Overflow(_) if l.burst.is_some() => {
-                    &burst_path
-                }
-                _ => &rate_path,
-            };
-            c.err(at, format!("{e} (rate `{}`)", l.rate));
-            return None;
         }
+        let Some(rate) = &l.rate else {
+            c.err(base, format!("limit `{}` needs `rate`", l.name));
+            return None;
+        };
+        rate_params(c, base, l, algorithm, rate)?
     };
-    let cost = cost(c, &format!("{base}.cost"), l.cost.as_ref(), params.capacity)?;
+    let (cost, charge) = if algorithm == Algorithm::Concurrency {
+        (Cost::Static(1), Charge::InFlight)
+    } else {
+        charge(c, base, l, params.capacity)?
+    };
     let by = by?;
     let (name, key_base, plan, policy) = match owner {
         Owner::Route(route) => (
@@ -955,7 +935,173 @@ fn limit_rule(
         policy,
         headers: l.headers,
         plan,
+        charge,
     })
+}
+
+/// A rate limit's parameters from `rate` (and `burst`), errors at their own lines.
+fn rate_params(
+    c: &mut Ctx<'_>,
+    base: &str,
+    l: &file::Limit,
+    algorithm: Algorithm,
+    rate: &str,
+) -> Option<Params> {
+    let rate_path = format!("{base}.rate");
+    let burst_path = format!("{base}.burst");
+    let params = if let Some(n) = monthly(rate) {
+        if algorithm != Algorithm::FixedWindow {
+            c.err(
+                &rate_path,
+                format!(
+                    "calendar windows (`N/month`) apply to fixed_window, not {}",
+                    algorithm.name()
+                ),
+            );
+            return None;
+        }
+        n.map_err(|_| ParamsError::ZeroLimit)
+            .and_then(Params::monthly)
+    } else {
+        let (n, window) = match units::rate(rate) {
+            Ok(r) => r,
+            Err(e) => {
+                c.err(&rate_path, e);
+                return None;
+            }
+        };
+        Params::new(
+            algorithm,
+            n,
+            u64::try_from(window.as_micros()).unwrap_or(u64::MAX),
+            l.burst,
+        )
+    };
+    let params = match params {
+        Ok(p) => p,
+        Err(e) => {
+            let at = match e {
+                ParamsError::ZeroBurst | ParamsError::Overflow(_) if l.burst.is_some() => {
+                    &burst_path
+                }
+                _ => &rate_path,
+            };
+            c.err(at, format!("{e} (rate `{}`)", rate));
+            return None;
+        }
+    };
+    Some(params)
+}
+
+/// `algorithm: concurrency`: `max` (required) and `lease` (default 30s); no `rate`, `cost` or
+/// `count_when` (a request holds one slot, whatever it costs or answers).
+fn concurrency(c: &mut Ctx<'_>, base: &str, l: &file::Limit) -> Option<Params> {
+    for (field, set) in [
+        ("rate", l.rate.is_some()),
+        ("cost", l.cost.is_some()),
+        ("count_when", l.count_when.is_some()),
+    ] {
+        if set {
+            c.err(
+                &format!("{base}.{field}"),
+                format!("a concurrency limit takes `max` and `lease`, not `{field}`"),
+            );
+            return None;
+        }
+    }
+    let Some(max) = l.max else {
+        c.err(base, format!("concurrency limit `{}` needs `max`", l.name));
+        return None;
+    };
+    let lease = match l.lease.as_deref().map(units::duration) {
+        None => Duration::from_secs(30),
+        Some(Ok(d)) => d,
+        Some(Err(e)) => {
+            c.err(&format!("{base}.lease"), e);
+            return None;
+        }
+    };
+    let lease_us = u64::try_from(lease.as_micros()).unwrap_or(u64::MAX);
+    match Params::concurrency(max, lease_us) {
+        Ok(p) => Some(p),
+        Err(e @ ParamsError::Lease) => {
+            c.err(&format!("{base}.lease"), e.to_string());
+            None
+        }
+        Err(e) => {
+            c.err(&format!("{base}.max"), e.to_string());
+            None
+        }
+    }
+}
+
+/// When a rate limit is charged: before forwarding, or by the answer (`count_when`, or a
+/// `response_header` cost). Returns the request-time cost too (1 for the probe of a limit
+/// charged by the answer).
+fn charge(c: &mut Ctx<'_>, base: &str, l: &file::Limit, capacity: u64) -> Option<(Cost, Charge)> {
+    let cost_path = format!("{base}.cost");
+    let parsed = cost(c, &cost_path, l.cost.as_ref(), capacity)?;
+    let when = match &l.count_when {
+        None => None,
+        Some(w) => Some(status_set(
+            c,
+            &format!("{base}.count_when.status"),
+            &w.status,
+        )?),
+    };
+    match (parsed, when) {
+        (ParsedCost::Request(cost), None) => Some((cost, Charge::Request)),
+        (ParsedCost::Request(Cost::Static(n)), when @ Some(_)) => Some((
+            Cost::Static(1),
+            Charge::Answer {
+                when,
+                cost: AnswerCost::Static(n),
+            },
+        )),
+        (ParsedCost::Request(_), Some(_)) => {
+            c.err(
+                &cost_path,
+                "with `count_when` the cost is charged after the answer: a number or \
+                 { response_header, default, max }",
+            );
+            None
+        }
+        (ParsedCost::Response(cost), when) => {
+            Some((Cost::Static(1), Charge::Answer { when, cost }))
+        }
+    }
+}
+
+/// `count_when.status`: codes 100–599 and classes `1xx`–`5xx`, at least one.
+fn status_set(c: &mut Ctx<'_>, path: &str, list: &[serde_yaml::Value]) -> Option<StatusSet> {
+    if list.is_empty() {
+        c.err(path, "`status` needs at least one code or class");
+        return None;
+    }
+    let mut set = StatusSet::default();
+    for (i, v) in list.iter().enumerate() {
+        let text = match v {
+            serde_yaml::Value::Number(n) => n.to_string(),
+            serde_yaml::Value::String(s) => s.trim().to_ascii_lowercase(),
+            _ => String::new(),
+        };
+        let class = text
+            .strip_suffix("xx")
+            .and_then(|d| d.parse::<u16>().ok())
+            .filter(|d| (1..=5).contains(d));
+        match (class, text.parse::<u16>().ok()) {
+            (Some(d), _) => (d * 100..d * 100 + 100).for_each(|code| set.insert(code)),
+            (None, Some(code)) if (100..=599).contains(&code) => set.insert(code),
+            _ => {
+                c.err(
+                    &format!("{path}[{i}]"),
+                    format!("`{text}` is not a status code (100-599) or class (1xx-5xx)"),
+                );
+                return None;
+            }
+        }
+    }
+    Some(set)
 }
 
 /// `N/month`: `Some(Ok(N))`; `Some(Err)` for a bad N; `None` for any other rate.
@@ -1128,9 +1274,21 @@ fn read_consumers(path: &Path) -> Result<(Vec<file::Consumer>, Positions), Confi
     Ok((list, Positions::index(&text)))
 }
 
-fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u64) -> Option<Cost> {
+/// A limit's `cost` as written: charged from the request, or from the answer.
+enum ParsedCost {
+    Request(Cost),
+    Response(AnswerCost),
+}
+
+/// `cost`: a number, `{ header, default, max }` or `{ response_header, default, max }`.
+fn cost(
+    c: &mut Ctx<'_>,
+    path: &str,
+    v: Option<&serde_yaml::Value>,
+    capacity: u64,
+) -> Option<ParsedCost> {
     let Some(v) = v else {
-        return Some(Cost::Static(1));
+        return Some(ParsedCost::Request(Cost::Static(1)));
     };
     if let Some(n) = v.as_u64() {
         if n == 0 || n > capacity {
@@ -1140,26 +1298,30 @@ fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u6
             );
             return None;
         }
-        return Some(Cost::Static(n));
+        return Some(ParsedCost::Request(Cost::Static(n)));
     }
     let Some(map) = v.as_mapping() else {
         c.err(
             path,
-            "cost must be a positive integer or { header, default, max }",
+            "cost must be a positive integer, { header, default, max } or \
+             { response_header, default, max }",
         );
         return None;
     };
-    let mut header = None;
-    let mut default = 1;
+    let (mut header, mut response) = (None, None);
+    let mut default = None;
     let mut max = None;
     for (k, val) in map {
         match (k.as_str(), val) {
             (Some("header"), serde_yaml::Value::String(h)) => {
                 header = c.header_name(&format!("{path}.header"), h)
             }
-            (Some("default"), v) if v.as_u64().is_some() => default = v.as_u64().unwrap_or(1),
+            (Some("response_header"), serde_yaml::Value::String(h)) => {
+                response = c.header_name(&format!("{path}.response_header"), h)
+            }
+            (Some("default"), v) if v.as_u64().is_some() => default = v.as_u64(),
             (Some("max"), v) if v.as_u64().is_some() => max = v.as_u64(),
-            (Some(k @ ("header" | "default" | "max")), _) => {
+            (Some(k @ ("header" | "response_header" | "default" | "max")), _) => {
                 c.err(
                     &format!("{path}.{k}"),
                     format!("invalid value for cost `{k}`"),
@@ -1170,7 +1332,8 @@ fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u6
                 c.err(
                     path,
                     format!(
-                        "unknown key `{}` in cost (expected header, default, max)",
+                        "unknown key `{}` in cost (expected header or response_header, \
+                         default, max)",
                         k.unwrap_or("?")
                     ),
                 );
@@ -1178,14 +1341,21 @@ fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u6
             }
         }
     }
-    let Some(header) = header else {
-        c.err(path, "a header cost needs `header`");
-        return None;
+    let response_side = match (header, response) {
+        (Some(_), Some(_)) => {
+            c.err(path, "a cost has `header` or `response_header`, not both");
+            return None;
+        }
+        (None, None) => {
+            c.err(path, "a header cost needs `header` or `response_header`");
+            return None;
+        }
+        (h, r) => r.map(Ok).unwrap_or_else(|| Err(h)),
     };
     let Some(max) = max else {
         c.err(
             path,
-            "a header cost needs `max` (the largest cost a client may ask for)",
+            "a header cost needs `max` (the largest cost one request may be charged)",
         );
         return None;
     };
@@ -1196,16 +1366,22 @@ fn cost(c: &mut Ctx<'_>, path: &str, v: Option<&serde_yaml::Value>, capacity: u6
         );
         return None;
     }
-    if default == 0 || default > max {
+    // The upstream may report 0 (nothing used); a client's header always costs at least 1.
+    let least = u64::from(response_side.is_err());
+    let default = default.unwrap_or(least.max(1).min(max));
+    if default < least || default > max {
         c.err(
             &format!("{path}.default"),
-            format!("cost default {default} must be from 1 to max {max}"),
+            format!("cost default {default} must be from {least} to max {max}"),
         );
         return None;
     }
-    Some(Cost::Header {
-        name: header,
-        default,
-        max,
+    Some(match response_side {
+        Ok(name) => ParsedCost::Response(AnswerCost::ResponseHeader { name, default, max }),
+        Err(name) => ParsedCost::Request(Cost::Header {
+            name: name?,
+            default,
+            max,
+        }),
     })
 }

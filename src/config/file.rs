@@ -419,6 +419,24 @@ pub struct Match {
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
+pub struct CountWhen {
+    /// Codes (`401`) or classes (`"5xx"`).
+    pub status: Vec<serde_yaml::Value>,
+}
+
+impl Limit {
+    /// `rate` (or `max` in flight for `concurrency`) as `sluice check` prints it.
+    pub fn describe(&self) -> String {
+        match (&self.rate, self.max) {
+            (Some(r), _) => r.clone(),
+            (None, Some(m)) => format!("max {m}"),
+            (None, None) => "-".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
 pub struct Limit {
     pub name: String,
     /// `ip | api_key | user | header:NAME | route | consumer`, or a list of them (composite
@@ -426,12 +444,24 @@ pub struct Limit {
     #[serde(default)]
     pub by: serde_yaml::Value,
     pub algorithm: String,
-    pub rate: String,
+    /// `N/duration`; every algorithm but `concurrency` needs it.
+    #[serde(default)]
+    pub rate: Option<String>,
     #[serde(default)]
     pub burst: Option<u64>,
-    /// A number, or `{ header, default, max }`.
+    /// `concurrency`: requests in flight at once, across all gateways.
+    #[serde(default)]
+    pub max: Option<u64>,
+    /// `concurrency`: how long a slot outlives a gateway that died holding it.
+    #[serde(default)]
+    pub lease: Option<String>,
+    /// A number, `{ header, default, max }` (from the request) or
+    /// `{ response_header, default, max }` (from the answer).
     #[serde(default)]
     pub cost: Option<serde_yaml::Value>,
+    /// Charge only answers with these statuses: `{ status: [401, 403, "5xx"] }`.
+    #[serde(default)]
+    pub count_when: Option<CountWhen>,
     #[serde(default)]
     pub shadow: bool,
     #[serde(default)]

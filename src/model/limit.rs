@@ -31,6 +31,77 @@ pub enum Cost {
     },
 }
 
+/// When a limit is charged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Charge {
+    /// Before forwarding: the request's `cost`, all-or-nothing with the route's other limits.
+    Request,
+    /// By the answer: the request passes while a cost-1 request would (nothing is charged
+    /// then); once the upstream's response head is in, one store call charges it, even past
+    /// the limit.
+    Answer {
+        /// Charge only answers with these statuses (`None`: every answer).
+        when: Option<StatusSet>,
+        cost: AnswerCost,
+    },
+    /// `algorithm: concurrency`: holds one slot from admission until the answer is done.
+    InFlight,
+}
+
+/// What an answer-charged limit charges when it applies.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerCost {
+    Static(u64),
+    /// The integer the upstream puts in `name`, clamped to `0..=max`; `default` when it is
+    /// absent or not an integer, and when there is no answer at all.
+    ResponseHeader {
+        name: HeaderName,
+        default: u64,
+        max: u64,
+    },
+}
+
+impl AnswerCost {
+    /// The charge for an answer carrying `headers` (`None`: there was no answer).
+    pub fn of(&self, headers: Option<&http::HeaderMap>) -> u64 {
+        match self {
+            AnswerCost::Static(c) => *c,
+            AnswerCost::ResponseHeader { name, default, max } => headers
+                .and_then(|h| h.get(name))
+                .and_then(|v| v.to_str().ok())
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .map_or(*default, |v| v.min(*max)),
+        }
+    }
+}
+
+/// A set of HTTP status codes (100–599), from codes and classes like `5xx`.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct StatusSet([u64; 10]);
+
+impl StatusSet {
+    pub fn insert(&mut self, code: u16) {
+        if let Some(i) = usize::from(code).checked_sub(100).filter(|i| *i < 500) {
+            self.0[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    pub fn contains(&self, code: u16) -> bool {
+        usize::from(code)
+            .checked_sub(100)
+            .filter(|i| *i < 500)
+            .is_some_and(|i| self.0[i / 64] & (1 << (i % 64)) != 0)
+    }
+}
+
+impl std::fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set()
+            .entries((100..600).filter(|c| self.contains(*c)))
+            .finish()
+    }
+}
+
 /// A compiled limit of a route.
 #[derive(Debug, Clone)]
 pub struct LimitRule {
@@ -50,4 +121,47 @@ pub struct LimitRule {
     /// A plan's limit (index into `Consumers::plans`), decided only for requests on that
     /// plan and keyed by consumer across routes; `None`: the route's own.
     pub plan: Option<usize>,
+    /// Before forwarding, by the answer, or while in flight.
+    pub charge: Charge,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_sets_hold_exactly_what_was_put_in() {
+        let mut s = StatusSet::default();
+        for c in [100, 401, 403, 599] {
+            s.insert(c);
+        }
+        s.insert(99);
+        s.insert(600);
+        let all: Vec<u16> = (0..1000).filter(|c| s.contains(*c)).collect();
+        assert_eq!(all, [100, 401, 403, 599]);
+        assert_eq!(format!("{s:?}"), "{100, 401, 403, 599}");
+    }
+
+    #[test]
+    fn a_response_header_cost_is_clamped_and_defaults() {
+        let cost = AnswerCost::ResponseHeader {
+            name: HeaderName::from_static("x-tokens-used"),
+            default: 7,
+            max: 100,
+        };
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("x-tokens-used", v.parse().unwrap());
+            cost.of(Some(&h))
+        };
+        assert_eq!(with("42"), 42);
+        assert_eq!(with(" 0 "), 0);
+        assert_eq!(with("1000"), 100);
+        assert_eq!(with("-3"), 7);
+        assert_eq!(with("1.5"), 7);
+        assert_eq!(with("99999999999999999999999"), 7);
+        assert_eq!(cost.of(Some(&http::HeaderMap::new())), 7);
+        assert_eq!(cost.of(None), 7);
+        assert_eq!(AnswerCost::Static(3).of(None), 3);
+    }
 }

@@ -5,14 +5,16 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-use crate::limiter::algo::{Code, Decision};
+use crate::limiter::algo::Op;
+use crate::limiter::algo::{Algorithm, Code, Decision};
 use crate::limiter::deny::DenyCache;
 use crate::limiter::key;
+use crate::limiter::store;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
 use crate::limiter::store::{LimitCall, StoreError};
 use crate::model::consumer::{ConsumerMode, Consumers, PlanOf};
-use crate::model::limit::{Cost, KeyPart, LimitRule};
+use crate::model::limit::{Charge, Cost, KeyPart, LimitRule};
 use crate::model::outcome::Outcome;
 use crate::model::policy::{OnError, OnMissing};
 use crate::model::route::Route;
@@ -66,6 +68,21 @@ pub struct Admission {
     pub headline: Option<(usize, Decision)>,
     /// The store call, if one was made.
     pub store: Option<StoreCall>,
+    /// What the admitted request still owes or holds (empty when refused).
+    pub after: After,
+}
+
+/// The limits an admitted request settles after its answer: those charged by the answer
+/// (their probe passed) and the concurrency slots it took, with the call id naming the
+/// slots and whether the embedded store decided (`on_error: local`).
+#[derive(Debug, Default)]
+pub struct After {
+    pub id: u64,
+    pub local: bool,
+    /// (limit index, its probe call).
+    pub owed: Vec<(usize, LimitCall)>,
+    /// (limit index, its call), for each slot taken.
+    pub leases: Vec<(usize, LimitCall)>,
 }
 
 /// One store round trip: how long it took, and how it failed.
@@ -183,13 +200,19 @@ pub fn plan<'a>(
         let Some(material) = material else {
             continue;
         };
-        let cost = cost(rule, headers)?;
+        // A limit charged by the answer passes while a cost-1 request would; a concurrency
+        // limit takes one slot.
+        let (op, cost) = match rule.charge {
+            Charge::Request => (Op::Decide, cost(rule, headers)?),
+            Charge::Answer { .. } => (Op::Probe, 1),
+            Charge::InFlight => (Op::Decide, 1),
+        };
         calls.push(LimitCall {
             key: key::store_key(&rule.key_base, &material),
             params: rule.params,
             cost,
             shadow: rule.shadow,
-            op: Default::default(),
+            op,
         });
         which.push(i);
     }
@@ -218,10 +241,12 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
 
     let started = Instant::now();
     // Certainly refused, as the store said a moment ago: answer without asking again. Only
-    // the refusing limit counts a decision (the others were not decided).
+    // the refusing limit counts a decision (the others were not decided). Not for
+    // concurrency limits: a slot may free at any moment.
+    let cacheable = |c: &LimitCall| !c.shadow && c.params.algorithm != Algorithm::Concurrency;
     if let Some(deny) = stores.deny {
         let mut hit: Option<(usize, Decision)> = None;
-        for (k, c) in calls.iter().enumerate().filter(|(_, c)| !c.shadow) {
+        for (k, c) in calls.iter().enumerate().filter(|(_, c)| cacheable(c)) {
             if let Some(d) = deny.check(&c.key, c.cost, started) {
                 if hit.is_none_or(|(_, h)| d.retry_after_us > h.retry_after_us) {
                     hit = Some((which[k], d));
@@ -234,7 +259,8 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
             return (adm, refuse(route, i, d));
         }
     }
-    let result = stores.store.decide(&calls).await;
+    let id = store::next_id();
+    let result = stores.store.decide_as(&calls, id).await;
     let mut call = StoreCall {
         took: started.elapsed(),
         error: None,
@@ -245,7 +271,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
             adm.store = Some(call);
             if let Some(deny) = stores.deny {
                 for (c, dec) in calls.iter().zip(&d) {
-                    if !c.shadow && dec.code == Code::Limited {
+                    if cacheable(c) && dec.code == Code::Limited {
                         deny.refused(&c.key, c.cost, *dec, started);
                     }
                 }
@@ -267,11 +293,21 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
                 }
                 OnError::Local => {
                     passes_as = Outcome::StoreErrorAllowed;
-                    stores.local.decide(&calls)
+                    adm.after.local = true;
+                    stores.local.decide_as(&calls, id)
                 }
             }
         }
     };
+
+    // A probe charged nothing: what it leaves is what there is (its cost-1 decision says
+    // one less).
+    let mut decisions = decisions;
+    for (c, d) in calls.iter().zip(decisions.iter_mut()) {
+        if c.op == Op::Probe && d.allowed() {
+            d.remaining = (d.remaining + c.cost).min(d.limit);
+        }
+    }
 
     // Among refusing enforced limits, the longest wait is the one to report; otherwise the
     // most constraining enforced limit: lowest remaining, ties broken by the longest reset.
@@ -314,6 +350,14 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         return (adm, refuse(route, i, d));
     }
     adm.headline = tightest;
+    adm.after.id = id;
+    for ((c, d), &i) in calls.into_iter().zip(&decisions).zip(&which) {
+        match route.limits[i].charge {
+            Charge::Answer { .. } => adm.after.owed.push((i, c)),
+            Charge::InFlight if d.allowed() => adm.after.leases.push((i, c)),
+            _ => {}
+        }
+    }
     (adm, Verdict::Pass(passes_as))
 }
 

@@ -13,6 +13,7 @@ use http::Uri;
 use super::admit::Admission;
 use super::headers::request_id;
 use super::live::Live;
+use super::settle::{Leases, Owed};
 use crate::model::consumer::PlanOf;
 use crate::model::outcome::Outcome;
 
@@ -67,6 +68,10 @@ pub struct Ctx {
     pub upstream: Option<String>,
     /// Seconds to the upstream's response head, and its `STATUS_CLASSES` index.
     pub upstream_time: Option<(f64, usize)>,
+    /// Limits charged by the answer, until it is in (dropped unsettled: the client left).
+    pub owed: Option<Owed>,
+    /// Concurrency slots held, until the response body is done with them.
+    pub leases: Option<Leases>,
 }
 
 impl Ctx {
@@ -105,6 +110,8 @@ impl Ctx {
             outcome: Outcome::Forwarded,
             upstream: None,
             upstream_time: None,
+            owed: None,
+            leases: None,
         }
     }
 

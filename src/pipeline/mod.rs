@@ -2,7 +2,9 @@
 //!
 //! ```text
 //! request_filter → match_route → admit (identify + limit) → forward → response_filter
-//!       │               │              │                        │
+//!       │               │              │                        │        (settle: charge
+//!       │               │              │                        │         by the answer,
+//!       │               │              │                        │         hold slots)
 //!       └───────────────┴──── GatewayError ─────────────────────┴──→ respond::render
 //!                                                                        │
 //!                                             respond (RateLimit fields, X-Request-Id) → log
@@ -19,6 +21,7 @@ pub mod headers;
 pub mod identify;
 pub mod live;
 pub mod respond;
+pub mod settle;
 pub mod upstream;
 
 use std::borrow::Cow;
@@ -32,6 +35,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::model::consumer::PlanOf;
+use crate::model::limit::Charge;
 use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
@@ -109,8 +113,21 @@ impl Gateway {
         ctx.outcome = self.admit(ctx, route).await?;
         let res = self
             .forward(ctx, route, &live.upstreams[route.upstream], body)
-            .await?;
-        Ok(self.response_filter(ctx, res))
+            .await;
+        match res {
+            Ok(res) => Ok(self.response_filter(ctx, res).await),
+            Err(e) => {
+                // The gateway's own 502/504 is the answer these limits are charged for, and
+                // the slots are free before it goes out.
+                if let Some(owed) = ctx.owed.take() {
+                    owed.settle(e.status().as_u16(), None).await;
+                }
+                if let Some(leases) = ctx.leases.take() {
+                    leases.release().await;
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Refuse what cannot be routed safely, and normalize the path that is matched, limited
@@ -177,11 +194,54 @@ impl Gateway {
             local: &self.local,
             deny: self.deny.as_ref(),
         };
-        let (admission, verdict) = admit::decide(route, plan, stores).await;
+        let (mut admission, verdict) = admit::decide(route, plan, stores).await;
+        self.settle_later(ctx, &mut admission.after);
         ctx.admission = admission;
         match verdict {
             Verdict::Pass(outcome) => Ok(outcome),
             Verdict::Refuse(e) => Err(e),
+        }
+    }
+
+    /// Keep what an admitted request settles after its answer: the limits its answer is
+    /// charged to, and the concurrency slots it took (from the store that decided).
+    fn settle_later(&self, ctx: &mut Ctx, after: &mut admit::After) {
+        if after.owed.is_empty() && after.leases.is_empty() {
+            return;
+        }
+        let store = if after.local {
+            Store::Memory(self.local.clone())
+        } else {
+            self.store.clone()
+        };
+        let route = ctx.route.unwrap_or_default();
+        if !after.owed.is_empty() {
+            let owed = std::mem::take(&mut after.owed);
+            let metrics = self.store_metrics.clone();
+            ctx.owed = Some(settle::Owed::new(
+                ctx.live.clone(),
+                route,
+                owed,
+                store.clone(),
+                metrics,
+            ));
+        }
+        if !after.leases.is_empty() {
+            let handles = &ctx.live.routes[route];
+            let gauges = after
+                .leases
+                .iter()
+                .filter_map(|(i, _)| handles.inflight_limit(*i));
+            let gauges = gauges.collect();
+            let calls = std::mem::take(&mut after.leases)
+                .into_iter()
+                .map(|(_, c)| c);
+            ctx.leases = Some(settle::Leases::hold(
+                store,
+                calls.collect(),
+                after.id,
+                gauges,
+            ));
         }
     }
 
@@ -211,16 +271,35 @@ impl Gateway {
         }
     }
 
-    /// Where the upstream's answer is looked at before it goes back (later: limits charged
-    /// by the answer). Today: a 502 or 504 from the upstream side counts as upstream_error.
-    fn response_filter(&self, ctx: &mut Ctx, res: Response<Body>) -> Response<Body> {
+    /// Where the upstream's answer is looked at before it goes back: a 502 or 504 from the
+    /// upstream side counts as upstream_error; the limits charged by the answer are charged
+    /// (one store call, awaited, so the client's next request sees it); the concurrency slots
+    /// go with the body, to be freed when it ends.
+    async fn response_filter(&self, ctx: &mut Ctx, res: Response<Body>) -> Response<Body> {
         if matches!(
             res.status(),
             StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT
         ) {
             ctx.outcome = Outcome::UpstreamError;
         }
-        res
+        if let Some(owed) = ctx.owed.take() {
+            let charged = owed
+                .settle(res.status().as_u16(), Some(res.headers()))
+                .await;
+            // The answer advertises the state after its own charge, when that is tighter.
+            let rules = ctx.route.map(|r| &ctx.live.table.routes[r].limits);
+            for (i, d) in charged {
+                let shown = rules.is_some_and(|l| l[i].headers && !l[i].shadow);
+                let adm = &mut ctx.admission;
+                if shown && adm.headline.is_none_or(|(_, h)| d.remaining < h.remaining) {
+                    adm.headline = Some((i, d));
+                }
+            }
+        }
+        match ctx.leases.take() {
+            Some(leases) => res.map(|b| body::holding(b, leases)),
+            None => res,
+        }
     }
 
     /// Fields every answer carries: the most constraining limit's RateLimit fields (on
@@ -238,10 +317,10 @@ impl Gateway {
             ratelimit::apply(
                 res.headers_mut(),
                 ctx.live.table.headers,
-                &route.name,
-                &rule.name,
+                (&route.name, &rule.name),
                 &policy,
                 &d,
+                rule.charge == Charge::InFlight,
             );
         }
         res.headers_mut().insert(X_REQUEST_ID, ctx.rid.clone());

@@ -6,6 +6,7 @@ use prometheus::{
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
+use crate::model::limit::Charge;
 use crate::model::outcome::Outcome;
 use crate::model::route::Route;
 use crate::pipeline::admit::DecisionLabel;
@@ -23,6 +24,8 @@ pub struct Metrics {
     pub config_info: IntGaugeVec,
     pub tls_expiry: IntGaugeVec,
     pub plan_requests: IntCounterVec,
+    pub limit_inflight: IntGaugeVec,
+    pub limit_charged: IntCounterVec,
 }
 
 /// Request latency buckets: 0.5 ms to 10 s.
@@ -116,6 +119,16 @@ impl Metrics {
                 "Each served certificate's notAfter as a Unix time, by listener and first DNS name.",
                 &["listener", "cert"],
             ),
+            limit_inflight: gauge(
+                "sluice_limit_inflight",
+                "Concurrency slots this gateway holds, by route and limit.",
+                &["route", "limit"],
+            ),
+            limit_charged: counter(
+                "sluice_limit_charged_total",
+                "Units charged after the answer, by route and limit.",
+                &["route", "limit"],
+            ),
             plan_requests: counter(
                 "sluice_plan_requests_total",
                 "Requests on routes with consumers, by plan and outcome (never by consumer).",
@@ -159,6 +172,22 @@ impl Metrics {
                         .collect()
                 })
                 .collect(),
+            settle: route
+                .limits
+                .iter()
+                .map(|rule| {
+                    let labels = [name, &*rule.name];
+                    match rule.charge {
+                        Charge::Request => Settle::None,
+                        Charge::Answer { .. } => {
+                            Settle::Charged(self.limit_charged.with_label_values(&labels))
+                        }
+                        Charge::InFlight => {
+                            Settle::InFlight(self.limit_inflight.with_label_values(&labels))
+                        }
+                    }
+                })
+                .collect(),
         }
     }
 
@@ -199,6 +228,7 @@ impl Metrics {
             upstream: Vec::new(),
             inflight: None,
             limits: Vec::new(),
+            settle: Vec::new(),
         }
     }
 
@@ -260,6 +290,8 @@ impl Metrics {
             for d in DecisionLabel::ALL.map(DecisionLabel::as_str) {
                 let _ = self.limit_decisions.remove_label_values(&[route, limit, d]);
             }
+            let _ = self.limit_inflight.remove_label_values(&[route, limit]);
+            let _ = self.limit_charged.remove_label_values(&[route, limit]);
         }
     }
 }
@@ -268,6 +300,7 @@ impl Metrics {
 pub const NO_ROUTE: &str = "_none";
 
 /// The store's metric handles.
+#[derive(Clone)]
 pub struct StoreMetrics {
     duration: Histogram,
     /// By [`STORE_ERROR_KINDS`] index.
@@ -297,6 +330,17 @@ pub struct RouteMetrics {
     pub inflight: Option<IntGauge>,
     /// By limit index in the route, then [`DecisionLabel`] index.
     limits: Vec<Vec<IntCounter>>,
+    /// By limit index in the route: what it counts after admission.
+    settle: Vec<Settle>,
+}
+
+/// A limit's handle for what happens after admission.
+enum Settle {
+    None,
+    /// `sluice_limit_charged_total`: units charged by the answer.
+    Charged(IntCounter),
+    /// `sluice_limit_inflight`: slots held.
+    InFlight(IntGauge),
 }
 
 impl RouteMetrics {
@@ -310,6 +354,21 @@ impl RouteMetrics {
     pub fn upstream(&self, class: usize, secs: f64) {
         if let Some(h) = self.upstream.get(class) {
             h.observe(secs);
+        }
+    }
+
+    /// `cost` units charged to limit `limit` by an answer.
+    pub fn charged(&self, limit: usize, cost: u64) {
+        if let Some(Settle::Charged(c)) = self.settle.get(limit) {
+            c.inc_by(cost);
+        }
+    }
+
+    /// The slot gauge of concurrency limit `limit`.
+    pub fn inflight_limit(&self, limit: usize) -> Option<IntGauge> {
+        match self.settle.get(limit) {
+            Some(Settle::InFlight(g)) => Some(g.clone()),
+            _ => None,
         }
     }
 

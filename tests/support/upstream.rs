@@ -1,8 +1,9 @@
 //! A real upstream HTTP server for tests, on its own thread and runtime.
 //!
 //! Paths: `/download?bytes=N` streams N bytes; `/upload` counts the body as it streams and
-//! answers the count; `/slow?ms=N` waits before the head; `/status/NNN`; `/ws` answers 101
-//! and echoes raw bytes; anything else echoes the request as JSON.
+//! answers the count; `/slow?ms=N[&status=NNN]` waits before the head; `/tokens?n=N[&ms=M]`
+//! answers `X-Tokens-Used: N`; `/status/NNN`; `/ws` answers 101 and echoes raw bytes;
+//! anything else echoes the request as JSON.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -153,7 +154,18 @@ async fn handle(mut req: Request<Incoming>) -> Result<Response<Body>, Infallible
     }
     if path == "/slow" {
         tokio::time::sleep(Duration::from_millis(query_num(&req, "ms"))).await;
-        return Ok(Response::new(full("slow done")));
+        let mut res = Response::new(full("slow done"));
+        if let Some(s) = Some(query_num(&req, "status")).filter(|s| *s > 0) {
+            *res.status_mut() = StatusCode::from_u16(s as u16).unwrap();
+        }
+        return Ok(res);
+    }
+    if path == "/tokens" {
+        tokio::time::sleep(Duration::from_millis(query_num(&req, "ms"))).await;
+        let mut res = Response::new(full("used"));
+        res.headers_mut()
+            .insert("x-tokens-used", query_num(&req, "n").into());
+        return Ok(res);
     }
     if let Some(code) = path.strip_prefix("/status/") {
         let mut res = Response::new(full(format!("status {code}")));

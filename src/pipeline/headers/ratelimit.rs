@@ -4,7 +4,7 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::limiter::algo::{Decision, Params};
+use crate::limiter::algo::{Algorithm, Decision, Params};
 use crate::model::policy::HeadersMode;
 
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -32,11 +32,19 @@ pub fn policy_at(route: &str, limit: &str, p: &Params, now_us: u64) -> HeaderVal
 }
 
 fn policy_with_window(route: &str, limit: &str, p: &Params, window_us: u64) -> HeaderValue {
-    let mut s = format!(
-        "\"{route}/{limit}\";q={};w={}",
-        p.limit,
-        window_us.div_ceil(1_000_000)
-    );
+    let mut s = if p.algorithm == Algorithm::Concurrency {
+        // Not a rate: a quota of requests at once, with no window.
+        format!(
+            "\"{route}/{limit}\";q={};qu=\"concurrent-requests\"",
+            p.limit
+        )
+    } else {
+        format!(
+            "\"{route}/{limit}\";q={};w={}",
+            p.limit,
+            window_us.div_ceil(1_000_000)
+        )
+    };
     if p.algorithm.is_bucket() {
         s.push_str(&format!(";sluice-burst={}", p.capacity));
     }
@@ -46,25 +54,31 @@ fn policy_with_window(route: &str, limit: &str, p: &Params, window_us: u64) -> H
     HeaderValue::from_str(&s).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// Add the fields for `d`, the most constraining limit, according to `mode`.
+/// Add the fields for `d`, the most constraining limit, according to `mode`. A concurrency
+/// limit (`in_flight`) has no reset: `r` is its free slots and there is no `t`.
 pub fn apply(
     headers: &mut HeaderMap,
     mode: HeadersMode,
-    route: &str,
-    limit: &str,
+    (route, limit): (&str, &str),
     policy: &HeaderValue,
     d: &Decision,
+    in_flight: bool,
 ) {
-    let reset = d.reset_after_us.div_ceil(1_000_000);
+    let reset = (!in_flight).then(|| d.reset_after_us.div_ceil(1_000_000));
     if matches!(mode, HeadersMode::Draft | HeadersMode::Both) {
         headers.insert(RATELIMIT_POLICY, policy.clone());
-        let v = format!("\"{route}/{limit}\";r={};t={reset}", d.remaining);
+        let v = match reset {
+            Some(t) => format!("\"{route}/{limit}\";r={};t={t}", d.remaining),
+            None => format!("\"{route}/{limit}\";r={}", d.remaining),
+        };
         headers.insert(RATELIMIT, HeaderValue::from_str(&v).expect("ascii"));
     }
     if matches!(mode, HeadersMode::Legacy | HeadersMode::Both) {
         headers.insert(X_LIMIT, HeaderValue::from(d.limit));
         headers.insert(X_REMAINING, HeaderValue::from(d.remaining));
-        headers.insert(X_RESET, HeaderValue::from(reset));
+        if let Some(t) = reset {
+            headers.insert(X_RESET, HeaderValue::from(t));
+        }
     }
 }
 
@@ -75,7 +89,7 @@ pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::limiter::algo::{Algorithm, Code};
+    use crate::limiter::algo::Code;
 
     fn d(remaining: u64, reset_us: u64) -> Decision {
         Decision {
@@ -113,10 +127,10 @@ mod tests {
         apply(
             &mut h,
             HeadersMode::Draft,
-            "login",
-            "per-ip",
+            ("login", "per-ip"),
             &pol,
             &d(3, 12_000_001),
+            false,
         );
         assert_eq!(h.get(RATELIMIT).unwrap(), "\"login/per-ip\";r=3;t=13");
         assert_eq!(
@@ -130,17 +144,45 @@ mod tests {
     fn legacy_both_none() {
         let pol = HeaderValue::from_static("\"r/l\";q=5;w=60");
         let mut h = HeaderMap::new();
-        apply(&mut h, HeadersMode::Legacy, "r", "l", &pol, &d(2, 500_000));
+        apply(
+            &mut h,
+            HeadersMode::Legacy,
+            ("r", "l"),
+            &pol,
+            &d(2, 500_000),
+            false,
+        );
         assert_eq!(h.get(X_LIMIT).unwrap(), "5");
         assert_eq!(h.get(X_REMAINING).unwrap(), "2");
         assert_eq!(h.get(X_RESET).unwrap(), "1");
         assert!(h.get(RATELIMIT).is_none());
         let mut h = HeaderMap::new();
-        apply(&mut h, HeadersMode::Both, "r", "l", &pol, &d(2, 0));
+        apply(&mut h, HeadersMode::Both, ("r", "l"), &pol, &d(2, 0), false);
         assert_eq!(h.get(RATELIMIT).unwrap(), "\"r/l\";r=2;t=0");
         assert_eq!(h.get(X_RESET).unwrap(), "0");
         let mut h = HeaderMap::new();
-        apply(&mut h, HeadersMode::None, "r", "l", &pol, &d(2, 0));
+        apply(&mut h, HeadersMode::None, ("r", "l"), &pol, &d(2, 0), false);
         assert!(h.is_empty());
+    }
+
+    /// A concurrency limit: `qu="concurrent-requests"` (the draft's quota unit for requests
+    /// at once), no `w`; the field has `r` (free slots) and no `t`, and no X-RateLimit-Reset.
+    #[test]
+    fn concurrency_has_a_quota_unit_and_no_window_or_reset() {
+        let p = Params::concurrency(10, 30_000_000).unwrap();
+        let pol = policy_value("api", "in-flight", &p);
+        assert_eq!(pol, "\"api/in-flight\";q=10;qu=\"concurrent-requests\"");
+        let mut h = HeaderMap::new();
+        apply(
+            &mut h,
+            HeadersMode::Both,
+            ("api", "in-flight"),
+            &pol,
+            &d(4, 0),
+            true,
+        );
+        assert_eq!(h.get(RATELIMIT).unwrap(), "\"api/in-flight\";r=4");
+        assert_eq!(h.get(X_REMAINING).unwrap(), "4");
+        assert!(h.get(X_RESET).is_none());
     }
 }

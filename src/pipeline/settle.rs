@@ -1,0 +1,261 @@
+//! Stage 5 — settle: what an admitted request owes once it is answered (SPEC §11).
+//!
+//! * [`Owed`]: the limits charged by the answer. Their probe let the request through; when
+//!   the upstream's response head is in, one store call charges each what the answer says
+//!   (`count_when`, a `response_header` cost), even past the limit. No answer is charged too:
+//!   a 502/504 the gateway made as that status, a client gone before the head as 499 (nginx's
+//!   "client closed request"), both with a `response_header` cost's `default`.
+//! * [`Leases`]: the concurrency slots the request took. Released when the response body
+//!   ends or is dropped (the client went away, the upstream failed), renewed meanwhile every
+//!   half lease so a long stream keeps its slot; a gateway that dies leaves them to expire.
+//!
+//! Both settle from `Drop` as well, on a spawned task, so a request whose future hyper drops
+//! still pays and frees.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http::HeaderMap;
+use prometheus::IntGauge;
+
+use super::live::Live;
+use crate::limiter::algo::{Decision, Op};
+use crate::limiter::store::{LimitCall, Store};
+use crate::model::limit::Charge;
+use crate::telemetry::metrics::StoreMetrics;
+
+/// The status a request is charged as when its client went away before the answer.
+pub const CLIENT_GONE: u16 = 499;
+
+/// The limits of one admitted request charged by its answer (their probe calls).
+pub struct Owed {
+    live: Arc<Live>,
+    route: usize,
+    calls: Vec<(usize, LimitCall)>,
+    store: Store,
+    metrics: StoreMetrics,
+    settled: bool,
+}
+
+impl Owed {
+    pub fn new(
+        live: Arc<Live>,
+        route: usize,
+        calls: Vec<(usize, LimitCall)>,
+        store: Store,
+        metrics: StoreMetrics,
+    ) -> Owed {
+        Owed {
+            live,
+            route,
+            calls,
+            store,
+            metrics,
+            settled: false,
+        }
+    }
+
+    /// Charge each limit for an answer of `status` with `headers` (`None`: no answer), in one
+    /// store call. Returns each charged limit's decision after the charge, by limit index. A
+    /// store failure is counted and logged; the answer goes out whatever happens here.
+    pub async fn settle(
+        mut self,
+        status: u16,
+        headers: Option<&HeaderMap>,
+    ) -> Vec<(usize, Decision)> {
+        self.settled = true;
+        let (which, calls) = self.bill(status, headers);
+        charge(
+            &self.store,
+            &self.metrics,
+            &self.live,
+            self.route,
+            which,
+            calls,
+        )
+        .await
+    }
+
+    /// The charge calls: cost by the answer, nothing for limits it does not concern.
+    fn bill(&self, status: u16, headers: Option<&HeaderMap>) -> (Vec<usize>, Vec<LimitCall>) {
+        let rules = &self.live.table.routes[self.route].limits;
+        let mut which = Vec::with_capacity(self.calls.len());
+        let mut calls = Vec::with_capacity(self.calls.len());
+        for (i, probe) in &self.calls {
+            let Charge::Answer { when, cost } = &rules[*i].charge else {
+                continue;
+            };
+            if when.as_ref().is_some_and(|w| !w.contains(status)) {
+                continue;
+            }
+            let cost = cost.of(headers);
+            if cost == 0 {
+                continue;
+            }
+            which.push(*i);
+            calls.push(LimitCall {
+                cost,
+                op: Op::Charge,
+                ..probe.clone()
+            });
+        }
+        (which, calls)
+    }
+}
+
+impl Drop for Owed {
+    /// Never settled: the client went away before the answer (hyper dropped the request).
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let (which, calls) = self.bill(CLIENT_GONE, None);
+        if calls.is_empty() {
+            return;
+        }
+        let (store, metrics, live, route) = (
+            self.store.clone(),
+            self.metrics.clone(),
+            self.live.clone(),
+            self.route,
+        );
+        spawn(async move {
+            charge(&store, &metrics, &live, route, which, calls).await;
+        });
+    }
+}
+
+/// One charge call, measured like every store call; the charged limits' decisions.
+async fn charge(
+    store: &Store,
+    metrics: &StoreMetrics,
+    live: &Live,
+    route: usize,
+    which: Vec<usize>,
+    calls: Vec<LimitCall>,
+) -> Vec<(usize, Decision)> {
+    if calls.is_empty() {
+        return Vec::new();
+    }
+    let started = Instant::now();
+    let result = store.decide(&calls).await;
+    let failed = result.as_ref().err();
+    metrics.call(started.elapsed().as_secs_f64(), failed.map(|e| e.kind()));
+    let handles = &live.routes[route];
+    match result {
+        Ok(decisions) => {
+            for (i, c) in which.iter().zip(&calls) {
+                handles.charged(*i, c.cost);
+            }
+            which.into_iter().zip(decisions).collect()
+        }
+        Err(e) => {
+            let r = &live.table.routes[route];
+            tracing::warn!(route = %r.name, error = %e, "charging limits by the answer failed");
+            Vec::new()
+        }
+    }
+}
+
+/// The concurrency slots one admitted request holds, freed when this is dropped.
+pub struct Leases {
+    store: Store,
+    /// Release calls, one per slot.
+    calls: Arc<[LimitCall]>,
+    id: u64,
+    gauges: Vec<IntGauge>,
+    renewal: Option<tokio::task::AbortHandle>,
+    released: bool,
+}
+
+impl Leases {
+    /// Hold the slots `calls` took as call `id`, counted in `gauges`; renewed every half of
+    /// the shortest lease until dropped.
+    pub fn hold(store: Store, calls: Vec<LimitCall>, id: u64, gauges: Vec<IntGauge>) -> Leases {
+        for g in &gauges {
+            g.inc();
+        }
+        let calls: Arc<[LimitCall]> = calls
+            .into_iter()
+            .map(|c| LimitCall {
+                op: Op::Release,
+                ..c
+            })
+            .collect();
+        let lease = calls.iter().map(|c| c.params.window_us).min().unwrap_or(0);
+        let renewal = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (store, calls) = (store.clone(), calls.clone());
+            let every = Duration::from_micros(lease / 2);
+            rt.spawn(async move {
+                let renew: Vec<LimitCall> = calls
+                    .iter()
+                    .map(|c| LimitCall {
+                        op: Op::Renew,
+                        ..c.clone()
+                    })
+                    .collect();
+                loop {
+                    tokio::time::sleep(every).await;
+                    if let Err(e) = store.decide_as(&renew, id).await {
+                        tracing::warn!(error = %e, "renewing concurrency leases failed");
+                    }
+                }
+            })
+            .abort_handle()
+        });
+        Leases {
+            store,
+            calls,
+            id,
+            gauges,
+            renewal,
+            released: false,
+        }
+    }
+}
+
+impl Leases {
+    /// Free the slots now; done when the store has them back (or failed to: then they
+    /// free themselves when their lease runs out). Bounded by the store's timeout.
+    pub async fn release(mut self) {
+        self.stop().await
+    }
+
+    /// Stop renewing and counting, once; the release call to make.
+    fn stop(&mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let first = !std::mem::replace(&mut self.released, true);
+        if let Some(r) = self.renewal.take() {
+            r.abort();
+        }
+        if first {
+            for g in &self.gauges {
+                g.dec();
+            }
+        }
+        let (store, calls, id) = (self.store.clone(), self.calls.clone(), self.id);
+        async move {
+            if !first {
+                return;
+            }
+            if let Err(e) = store.decide_as(&calls, id).await {
+                tracing::warn!(error = %e, "releasing concurrency leases failed");
+            }
+        }
+    }
+}
+
+impl Drop for Leases {
+    /// Dropped unreleased: the client went away, or the request ended without a body.
+    fn drop(&mut self) {
+        if !self.released {
+            spawn(self.stop());
+        }
+    }
+}
+
+/// Run `fut` on the current runtime, if there is one (there always is while serving).
+fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(fut);
+    }
+}
