@@ -1,5 +1,7 @@
 //! A trivial upstream for the quick start, the load script and docker-compose: answers every
 //! request with 200 and a short text body. Usage: demo_upstream [ADDR] (default 127.0.0.1:3000).
+//! For `config/answers.yaml`, three query parameters change the answer: `status=NNN` (its
+//! status), `tokens=N` (an `X-Tokens-Used: N` header), `ms=N` (wait before answering).
 
 use std::convert::Infallible;
 
@@ -27,11 +29,29 @@ async fn main() -> std::io::Result<()> {
                     req.method(),
                     req.uri().path()
                 );
-                Ok::<_, Infallible>(Response::new(Full::new(Bytes::from(body))))
+                let param = |name: &str| query(req.uri().query(), name);
+                if let Some(ms) = param("ms") {
+                    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+                }
+                let mut res = Response::new(Full::new(Bytes::from(body)));
+                if let Some(s) = param("status").and_then(|s| u16::try_from(s).ok()) {
+                    *res.status_mut() = hyper::StatusCode::from_u16(s).unwrap_or_default();
+                }
+                if let Some(n) = param("tokens") {
+                    res.headers_mut().insert("x-tokens-used", n.into());
+                }
+                Ok::<_, Infallible>(res)
             });
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)
                 .await;
         });
     }
+}
+
+/// The integer value of query parameter `name`.
+fn query(q: Option<&str>, name: &str) -> Option<u64> {
+    q?.split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+        .and_then(|v| v.parse().ok())
 }

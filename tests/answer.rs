@@ -497,3 +497,53 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
     assert!(ok, "{err}");
     assert!(out.contains("in-flight      concurrency max 2"), "{out}");
 }
+
+/// `config/answers.yaml` does what its comments say (against the test upstream, which answers
+/// `?status=`, `?tokens=` and `?ms=` like the demo upstream).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_answers_example_config_works_as_its_comments_say() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("config/answers.yaml")).unwrap();
+    let up = Upstream::start();
+    let body: String = text
+        .lines()
+        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("http://127.0.0.1:3000", &up.url());
+    let s = Sluice::start(&body);
+    let c = client();
+    let mut logins = Vec::new();
+    for _ in 0..4 {
+        logins.push(
+            get(&c, &s.url("/login?status=401"), &[])
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert_eq!(logins, [401, 401, 401, 429]);
+    assert_eq!(get(&c, &s.url("/login"), &[]).await.status, 429);
+    let key = [("x-api-key", "k1")];
+    let r = get(&c, &s.url("/llm?tokens=900"), &key).await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.header("ratelimit").unwrap().contains(";r=100;"),
+        "{:?}",
+        r.header("ratelimit")
+    );
+    assert_eq!(get(&c, &s.url("/llm?tokens=500"), &key).await.status, 200);
+    assert_eq!(get(&c, &s.url("/llm"), &key).await.status, 429);
+    let all: Vec<_> = (0..3)
+        .map(|_| {
+            let (c, url) = (c.clone(), s.url("/slow?ms=2000"));
+            tokio::spawn(async move { get(&c, &url, &[]).await.status.as_u16() })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for h in all {
+        got.push(h.await.unwrap());
+    }
+    got.sort();
+    assert_eq!(got, [200, 200, 429]);
+}

@@ -29,6 +29,8 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("sluice_config_info", &[]),
     ("sluice_tls_certificate_expiry_timestamp_seconds", &[]),
     ("sluice_plan_requests_total", &["plan"]),
+    ("sluice_limit_charged_total", &["route", "limit"]),
+    ("sluice_limit_inflight", &["route", "limit"]),
 ];
 
 fn dashboard() -> Value {
@@ -310,6 +312,16 @@ routes:
   - name: plain
     match: {{ path_prefix: /plain }}
     upstream: up
+  - name: charged
+    match: {{ path_prefix: /charged }}
+    upstream: up
+    limits:
+      - {{ name: answers, by: ip, algorithm: gcra, rate: 1000/1m, count_when: {{ status: [2xx] }} }}
+  - name: held
+    match: {{ path_prefix: /slow }}
+    upstream: up
+    limits:
+      - {{ name: in-flight, by: ip, algorithm: concurrency, max: 4 }}
   - name: sold
     match: {{ path_prefix: /sold }}
     upstream: up
@@ -359,7 +371,12 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Traffic for 6 s: forwarded, limited (after 3) and shadow-limited, 404, 502.
+    // Traffic for 6 s: forwarded, limited (after 3) and shadow-limited, 404, 502, charged by
+    // the answer; and one request holding a concurrency slot through it all.
+    let _held = tokio::spawn({
+        let (c, url) = (c.clone(), s.url("/slow?ms=20000"));
+        async move { get(&c, &url, &[]).await.status.as_u16() }
+    });
     let ip = [("x-forwarded-for", "198.51.100.77")];
     let mut seen = BTreeSet::new();
     let until = Instant::now() + Duration::from_secs(6);
@@ -368,6 +385,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
             ("/sold", &[("x-api-key", "shop-key")][..]),
             ("/limited", &ip[..]),
             ("/plain", &[][..]),
+            ("/charged", &[][..]),
             ("/nowhere", &[][..]),
             ("/dead", &[][..]),
         ] {
@@ -384,7 +402,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     ] {
         assert!(seen.contains(&want), "{want:?} not produced: {seen:?}");
     }
-    // A few more scrapes after the traffic.
+    // A few more scrapes after the traffic (the held request is still in flight).
     tokio::time::sleep(Duration::from_secs(3)).await;
 
     let version = sluice::config::version_of(&std::fs::read_to_string(&s.config_path).unwrap());
@@ -470,6 +488,14 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
         (
             "Config version",
             vec![(vec![("version", version.as_str())], Present)],
+        ),
+        (
+            "Units charged by the answer per second by route and limit",
+            vec![(vec![("route", "charged"), ("limit", "answers")], Positive)],
+        ),
+        (
+            "Concurrency slots held by route and limit",
+            vec![(vec![("route", "held"), ("limit", "in-flight")], Positive)],
         ),
         (
             "TLS certificates: days left",

@@ -861,7 +861,8 @@ fn limit_rule(
         }
     };
     let Some(algorithm) = Algorithm::from_name(&l.algorithm) else {
-        let names: Vec<_> = Algorithm::ALL.iter().map(|a| a.name()).collect();
+        let all = Algorithm::ALL.iter().chain([&Algorithm::Concurrency]);
+        let names: Vec<_> = all.map(|a| a.name()).collect();
         c.err(
             &format!("{base}.algorithm"),
             format!(

@@ -56,10 +56,7 @@ impl http_body::Body for Holding {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Polled> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Polled> {
         if self.ending.is_none() {
             let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
             let ends = frame.as_ref().is_none_or(|f| f.is_err()) || self.body.is_end_stream();

@@ -193,7 +193,15 @@ async fn handle(mut req: Request<Incoming>) -> Result<Response<Body>, Infallible
             .insert("connection", "upgrade".parse().unwrap());
         return Ok(res);
     }
-    // Echo: method, path, query, headers (all values per name), body length.
+    // Echo: method, path, query, headers (all values per name), body length; like the demo
+    // upstream, `ms=N` waits, `status=NNN` and `tokens=N` shape the answer.
+    tokio::time::sleep(Duration::from_millis(query_num(&req, "ms"))).await;
+    let status = StatusCode::from_u16(query_num(&req, "status") as u16).unwrap_or(StatusCode::OK);
+    let tokens = req
+        .uri()
+        .query()
+        .is_some_and(|q| q.contains("tokens="))
+        .then(|| query_num(&req, "tokens"));
     let mut headers = serde_json::Map::new();
     for name in req.headers().keys() {
         let vals: Vec<serde_json::Value> = req
@@ -223,5 +231,9 @@ async fn handle(mut req: Request<Incoming>) -> Result<Response<Body>, Infallible
         .insert("x-hop", "must-not-reach-client".parse().unwrap());
     res.headers_mut()
         .insert("keep-alive", "timeout=5".parse().unwrap());
+    *res.status_mut() = status;
+    if let Some(n) = tokens {
+        res.headers_mut().insert("x-tokens-used", n.into());
+    }
     Ok(res)
 }
