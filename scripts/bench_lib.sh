@@ -16,6 +16,31 @@ cpu_seconds() { # pid
   awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"
 }
 
+# CPU seconds several processes have used so far, together.
+cpu_total() { # pid...
+  local t=0 p
+  for p in "$@"; do t=$(awk -v a="$t" -v b="$(cpu_seconds "$p")" 'BEGIN{print a+b}'); done
+  echo "$t"
+}
+
+# wrk -t1 -c64 for $dur with a random key of 10 000 per request (scripts/wrk_keys.lua, as the
+# peer rig does): prints "requests_per_second p99_ms requests_per_cpu_second", the CPU being
+# that of the given processes together.
+runk() { # url pid...
+  local url=$1 out rps p99 total c0 c1
+  shift
+  c0=$(cpu_total "$@")
+  out=$(KEYS=10000 wrk -t1 -c64 -d"$dur" --latency -s scripts/wrk_keys.lua "$url")
+  c1=$(cpu_total "$@")
+  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
+  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
+  total=$(awk '/requests in/ {print $1}' <<<"$out")
+  echo "$rps $p99 $(awk -v n="$total" -v a="$c0" -v b="$c1" 'BEGIN{print (b>a ? n/(b-a) : 0)}')"
+}
+
+# The median of its arguments.
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
+
 # Build the release binaries, make $tmp (removed on exit, with every pid in $pids killed),
 # and start the demo upstream on $UP.
 bench_setup() {

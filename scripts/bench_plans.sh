@@ -54,28 +54,16 @@ for p in plans keyed; do
   [ "$code" = 200 ] || { echo "/$p answered $code" >&2; exit 1; }
 done
 
-runk() { # path -> "rps p99_ms requests_per_gateway_cpu_s"
-  local out rps p99 c0 c1
-  c0=$(cpu_seconds "$gw_pid")
-  out=$(KEYS=10000 wrk -t1 -c64 -d"$dur" --latency -s scripts/wrk_keys.lua "http://127.0.0.1:$GW$1")
-  c1=$(cpu_seconds "$gw_pid")
-  rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
-  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
-  local total
-  total=$(awk '/requests in/ {print $1}' <<<"$out")
-  echo "$rps $p99 $(awk -v n="$total" -v a="$c0" -v b="$c1" 'BEGIN{print (b>a ? n/(b-a) : 0)}')"
-}
 declare -A rps cpu
 printf '%-6s %-40s %10s %8s %14s\n' round path req/s p99_ms req/cpu-s
 for r in $(seq 1 "$rounds"); do
   order="plans keyed"; [ $((r % 2)) -eq 0 ] && order="keyed plans"
   for p in $order; do
-    read -r a ap ac < <(runk "/$p")
+    read -r a ap ac < <(runk "http://127.0.0.1:$GW/$p" "$gw_pid")
     printf '%-6s %-40s %10.0f %8.2f %14.0f\n' "$r" "/$p" "$a" "$ap" "$ac"
     rps[$p]+="$a "; cpu[$p]+="$ac "
   done
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 # shellcheck disable=SC2086
 {
   pr=$(median ${rps[plans]}); kr=$(median ${rps[keyed]})

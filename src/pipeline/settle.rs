@@ -7,11 +7,13 @@
 //!   "client closed request"), both with a `response_header` cost's `default`.
 //! * [`Leases`]: the concurrency slots the request took. Released when the response body
 //!   ends or is dropped (the client went away, the upstream failed), renewed meanwhile every
-//!   half lease so a long stream keeps its slot; a gateway that dies leaves them to expire.
+//!   half lease (by one task for the process, [`Renewer`]) so a long stream keeps its slot; a
+//!   gateway that dies leaves them to expire.
 //!
 //! Both settle from `Drop` as well, on a spawned task, so a request whose future hyper drops
 //! still pays and frees.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -164,7 +166,6 @@ pub struct Leases {
     calls: Arc<[LimitCall]>,
     id: u64,
     gauges: Vec<IntGauge>,
-    renewal: Option<tokio::task::AbortHandle>,
     released: bool,
 }
 
@@ -182,33 +183,12 @@ impl Leases {
                 ..c
             })
             .collect();
-        let lease = calls.iter().map(|c| c.params.window_us).min().unwrap_or(0);
-        let renewal = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            let (store, calls) = (store.clone(), calls.clone());
-            let every = Duration::from_micros(lease / 2);
-            rt.spawn(async move {
-                let renew: Vec<LimitCall> = calls
-                    .iter()
-                    .map(|c| LimitCall {
-                        op: Op::Renew,
-                        ..c.clone()
-                    })
-                    .collect();
-                loop {
-                    tokio::time::sleep(every).await;
-                    if let Err(e) = store.decide_as(&renew, id).await {
-                        tracing::warn!(error = %e, "renewing concurrency leases failed");
-                    }
-                }
-            })
-            .abort_handle()
-        });
+        Renewer::get().add(id, &store, &calls);
         Leases {
             store,
             calls,
             id,
             gauges,
-            renewal,
             released: false,
         }
     }
@@ -218,27 +198,40 @@ impl Leases {
     /// Free the slots now; done when the store has them back (or failed to: then they
     /// free themselves when their lease runs out). Bounded by the store's timeout.
     pub async fn release(mut self) {
-        self.stop().await
+        if let Some(release) = self.stop() {
+            release.await
+        }
     }
 
-    /// Stop renewing and counting, once; the release call to make.
-    fn stop(&mut self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let first = !std::mem::replace(&mut self.released, true);
-        if let Some(r) = self.renewal.take() {
-            r.abort();
+    /// Free the slots at once when the store needs no wait for it (the embedded store);
+    /// otherwise the release call to run.
+    pub fn release_now(mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        self.stop()
+    }
+
+    /// Stop renewing and counting, once; release on the embedded store right here, or
+    /// return the call that releases on Redis.
+    fn stop(&mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+        if std::mem::replace(&mut self.released, true) {
+            return None;
         }
-        if first {
-            for g in &self.gauges {
-                g.dec();
-            }
+        Renewer::get().remove(self.id);
+        for g in &self.gauges {
+            g.dec();
         }
-        let (store, calls, id) = (self.store.clone(), self.calls.clone(), self.id);
-        async move {
-            if !first {
-                return;
+        let (calls, id) = (self.calls.clone(), self.id);
+        match &self.store {
+            Store::Memory(m) => {
+                m.decide_as(&calls, id);
+                None
             }
-            if let Err(e) = store.decide_as(&calls, id).await {
-                tracing::warn!(error = %e, "releasing concurrency leases failed");
+            store => {
+                let store = store.clone();
+                Some(async move {
+                    if let Err(e) = store.decide_as(&calls, id).await {
+                        tracing::warn!(error = %e, "releasing concurrency leases failed");
+                    }
+                })
             }
         }
     }
@@ -247,8 +240,82 @@ impl Leases {
 impl Drop for Leases {
     /// Dropped unreleased: the client went away, or the request ended without a body.
     fn drop(&mut self) {
-        if !self.released {
-            spawn(self.stop());
+        if let Some(release) = self.stop() {
+            spawn(release);
+        }
+    }
+}
+
+/// The leases this process holds, renewed by one task: every quarter second it renews those
+/// last renewed half a lease ago or more (one store call per request). One task for all,
+/// rather than a timer task per request, keeps a slot's cost to two map operations.
+struct Renewer {
+    held: parking_lot::Mutex<HashMap<u64, Held>>,
+}
+
+struct Held {
+    store: Store,
+    calls: Arc<[LimitCall]>,
+    every: Duration,
+    renewed: Instant,
+}
+
+impl Renewer {
+    const TICK: Duration = Duration::from_millis(250);
+
+    /// The process's renewer; its task starts with the first lease (on the serving runtime).
+    fn get() -> &'static Renewer {
+        static RENEWER: std::sync::OnceLock<Renewer> = std::sync::OnceLock::new();
+        RENEWER.get_or_init(|| {
+            spawn(Renewer::run());
+            Renewer {
+                held: parking_lot::Mutex::new(HashMap::new()),
+            }
+        })
+    }
+
+    fn add(&self, id: u64, store: &Store, calls: &Arc<[LimitCall]>) {
+        let lease = calls.iter().map(|c| c.params.window_us).min().unwrap_or(0);
+        let held = Held {
+            store: store.clone(),
+            calls: calls.clone(),
+            every: Duration::from_micros(lease / 2),
+            renewed: Instant::now(),
+        };
+        self.held.lock().insert(id, held);
+    }
+
+    fn remove(&self, id: u64) {
+        self.held.lock().remove(&id);
+    }
+
+    async fn run() {
+        let mut tick = tokio::time::interval(Renewer::TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let now = Instant::now();
+            let due: Vec<(u64, Store, Vec<LimitCall>)> = {
+                let mut held = Renewer::get().held.lock();
+                held.iter_mut()
+                    .filter(|(_, h)| now.duration_since(h.renewed) >= h.every)
+                    .map(|(id, h)| {
+                        h.renewed = now;
+                        let renew = h.calls.iter().map(|c| LimitCall {
+                            op: Op::Renew,
+                            ..c.clone()
+                        });
+                        (*id, h.store.clone(), renew.collect())
+                    })
+                    .collect()
+            };
+            for (id, store, calls) in due {
+                spawn(async move {
+                    if let Err(e) = store.decide_as(&calls, id).await {
+                        tracing::warn!(error = %e, "renewing concurrency leases failed");
+                    }
+                });
+            }
         }
     }
 }
