@@ -407,22 +407,6 @@ async fn two_gateways_share_max_and_a_killed_ones_slots_expire() {
     let _ = gws.remove(0);
 }
 
-/// `sluice check` on `yaml`: (exit ok, stdout, stderr).
-fn check(dir: &std::path::Path, yaml: &str) -> (bool, String, String) {
-    let path = dir.join("sluice.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = std::process::Command::new(sluice_bin())
-        .args(["check", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 /// Every misuse of the new fields is refused at its own line.
 #[test]
 fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
@@ -455,7 +439,7 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
     }
     yaml += "  - name: c1\n    match: { path_prefix: /c1/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        rate: 10/1m\n        max: 1\n";
     yaml += "  - name: c2\n    match: { path_prefix: /c2/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        lease: 0s\n";
-    let (ok, _, err) = check(dir.path(), &yaml);
+    let (ok, _, err) = check_config(dir.path(), &yaml);
     assert!(!ok);
     let file = dir.path().join("sluice.yaml").display().to_string();
     let line = |needle: &str, nth: usize| {
@@ -493,7 +477,7 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
         "listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\n{}",
         cfg("", &up, &format!("{FAILED_LOGINS}{TOKENS}{IN_FLIGHT}"))
     );
-    let (ok, out, err) = check(dir.path(), &good);
+    let (ok, out, err) = check_config(dir.path(), &good);
     assert!(ok, "{err}");
     assert!(out.contains("in-flight      concurrency max 2"), "{out}");
 }
@@ -502,15 +486,8 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
 /// `?status=`, `?tokens=` and `?ms=` like the demo upstream).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_answers_example_config_works_as_its_comments_say() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("config/answers.yaml")).unwrap();
     let up = Upstream::start();
-    let body: String = text
-        .lines()
-        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        .replace("http://127.0.0.1:3000", &up.url());
+    let body = example_config("answers.yaml", &up);
     let s = Sluice::start(&body);
     let c = client();
     let mut logins = Vec::new();

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use support::redis::{RedisCluster, RedisServer};
-use support::{client, eventually, get, metric, send, HttpClient, Sluice, Upstream};
+use support::{
+    check_config, client, eventually, example_config, get, metric, send, HttpClient, Sluice,
+    Upstream,
+};
 
 const FREE_KEY: &str = "free-key-Zq81";
 const FREE_KEY_2: &str = "free-key-rotated-Pw02";
@@ -556,22 +559,6 @@ async fn a_hidden_limit_refuses_with_retry_after_but_no_ratelimit_fields() {
     }
 }
 
-/// `sluice check` on `yaml`: (exit ok, stderr).
-fn check(dir: &std::path::Path, yaml: &str) -> (bool, String, String) {
-    let path = dir.join("sluice.yaml");
-    std::fs::write(&path, yaml).unwrap();
-    let out = std::process::Command::new(support::sluice_bin())
-        .args(["check", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
-}
-
 fn line_of(text: &str, needle: &str, nth: usize) -> usize {
     text.lines()
         .enumerate()
@@ -590,7 +577,7 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         "listen: 127.0.0.1:1\nadmin_listen: 127.0.0.1:2\n{}",
         config(&up, MEMORY, "anonymous_plan: free\n")
     );
-    let (ok, out, err) = check(dir.path(), &good);
+    let (ok, out, err) = check_config(dir.path(), &good);
     assert!(ok, "{err}");
     assert!(out.contains("plans 2 (anonymous: free):"), "{out}");
     assert!(out.contains("free                 1 consumer(s)"), "{out}");
@@ -605,7 +592,7 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         )
         .replacen(&sha256_hex(FREE_KEY_2), "abc123", 1)
         .replace("anonymous_plan: free", "anonymous_plan: platinum");
-    let (ok, _, err) = check(dir.path(), &bad);
+    let (ok, _, err) = check_config(dir.path(), &bad);
     assert!(!ok);
     let file = dir.path().join("sluice.yaml").display().to_string();
     let at = |needle: &str, nth: usize| format!("{file}:{}:", line_of(&bad, needle, nth));
@@ -627,7 +614,7 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         &format!("keys: [{PRO_KEY}]"),
         &format!("keys: [{PRO_KEY}, {FREE_KEY}]"),
     );
-    let (ok, _, err) = check(dir.path(), &two);
+    let (ok, _, err) = check_config(dir.path(), &two);
     assert!(!ok);
     assert!(
         err.contains("this key already belongs to consumer `tinkerer`"),
@@ -642,7 +629,7 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         "    consumers: optional\n    limits:\n      - { name: per-ip, by: ip,",
         "    limits:\n      - { name: per-ip, by: consumer,",
     );
-    let (ok, _, err) = check(dir.path(), &keyed);
+    let (ok, _, err) = check_config(dir.path(), &keyed);
     assert!(!ok);
     assert!(err.contains("`by: consumer` needs `consumers:"), "{err}");
     // Calendar windows only on fixed_window.
@@ -650,7 +637,7 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         "{ name: per-minute, algorithm: sliding_log, rate: 3/1m }",
         "{ name: per-minute, algorithm: gcra, rate: 3/month }",
     );
-    let (ok, _, err) = check(dir.path(), &monthly);
+    let (ok, _, err) = check_config(dir.path(), &monthly);
     assert!(!ok);
     assert!(
         err.contains("calendar windows (`N/month`) apply to fixed_window, not gcra"),
@@ -660,16 +647,8 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_plans_example_config_works_as_its_comments_say() {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("config/plans.yaml")).unwrap();
     let up = Upstream::start();
-    // Everything but the listeners, pointed at a test upstream.
-    let body: String = text
-        .lines()
-        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
-        .map(|l| format!("{l}\n"))
-        .collect::<String>()
-        .replace("http://127.0.0.1:3000", &up.url());
+    let body = example_config("plans.yaml", &up);
     let s = Sluice::start(&body);
     let c = client();
     let free = statuses(&c, &s, "/v1/hello", "demo-free-key", 6).await;

@@ -437,3 +437,31 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     }
     0.0
 }
+
+/// `config/NAME` from the repository as a test runs it: its listeners removed (the harness
+/// adds its own) and the demo upstream it names (`http://127.0.0.1:3000`) replaced by `up`.
+pub fn example_config(name: &str, up: &Upstream) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("config").join(name)).unwrap();
+    text.lines()
+        .filter(|l| !l.starts_with("listen:") && !l.starts_with("admin_listen:"))
+        .map(|l| format!("{l}\n"))
+        .collect::<String>()
+        .replace("http://127.0.0.1:3000", &up.url())
+}
+
+/// `sluice check -c` on `yaml`, written to `dir/sluice.yaml`: (exit ok, stdout, stderr).
+pub fn check_config(dir: &std::path::Path, yaml: &str) -> (bool, String, String) {
+    let path = dir.join("sluice.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = Command::new(sluice_bin())
+        .args(["check", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
