@@ -14,7 +14,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 dur=${1:-10s}
 rounds=${2:-3}
-command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
 . scripts/bench_lib.sh
 bench_setup
 

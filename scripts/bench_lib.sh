@@ -41,9 +41,10 @@ runk() { # url pid...
 # The median of its arguments.
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 
-# Build the release binaries, make $tmp (removed on exit, with every pid in $pids killed),
+# Check for wrk, build the release binaries, make $tmp (removed on exit, with every pid in $pids killed),
 # and start the demo upstream on $UP.
 bench_setup() {
+  command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
   cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
   UP=$(free_port)
   tmp=$(mktemp -d)

@@ -30,7 +30,7 @@ pub fn stream(b: hyper::body::Incoming) -> Body {
 /// body of known length, or the end of a chunked one) is passed on only once the slots are
 /// released, so a client that sends its next request as soon as this answer is complete
 /// finds them free. Dropped unread (the client went away), the leases free themselves.
-pub fn holding(body: Body, leases: Leases) -> Body {
+pub fn holding(body: Body, leases: Box<Leases>) -> Body {
     Holding {
         body,
         leases: Some(leases),
@@ -47,7 +47,7 @@ type Release = tokio::task::JoinHandle<()>;
 
 struct Holding {
     body: Body,
-    leases: Option<Leases>,
+    leases: Option<Box<Leases>>,
     /// The ending frame (`None`: the end itself), held back while the release runs.
     ending: Option<(Polled, Release)>,
 }
@@ -61,7 +61,7 @@ impl http_body::Body for Holding {
             let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
             let ends = frame.as_ref().is_none_or(|f| f.is_err()) || self.body.is_end_stream();
             match self.leases.take() {
-                Some(leases) if ends => match leases.release_now() {
+                Some(leases) if ends => match (*leases).release_now() {
                     None => return Poll::Ready(frame),
                     Some(release) => self.ending = Some((frame, tokio::spawn(release))),
                 },

@@ -69,9 +69,10 @@ pub struct Ctx {
     /// Seconds to the upstream's response head, and its `STATUS_CLASSES` index.
     pub upstream_time: Option<(f64, usize)>,
     /// Limits charged by the answer, until it is in (dropped unsettled: the client left).
-    pub owed: Option<Owed>,
+    /// (Boxed, as `leases`: every request's future holds the context, and most have neither.)
+    pub owed: Option<Box<Owed>>,
     /// Concurrency slots held, until the response body is done with them.
-    pub leases: Option<Leases>,
+    pub leases: Option<Box<Leases>>,
 }
 
 impl Ctx {

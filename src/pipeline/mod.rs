@@ -120,10 +120,10 @@ impl Gateway {
                 // The gateway's own 502/504 is the answer these limits are charged for, and
                 // the slots are free before it goes out.
                 if let Some(owed) = ctx.owed.take() {
-                    owed.settle(e.status().as_u16(), None).await;
+                    (*owed).settle(e.status().as_u16(), None).await;
                 }
                 if let Some(leases) = ctx.leases.take() {
-                    leases.release().await;
+                    (*leases).release().await;
                 }
                 Err(e)
             }
@@ -218,13 +218,13 @@ impl Gateway {
         if !after.owed.is_empty() {
             let owed = std::mem::take(&mut after.owed);
             let metrics = self.store_metrics.clone();
-            ctx.owed = Some(settle::Owed::new(
+            ctx.owed = Some(Box::new(settle::Owed::new(
                 ctx.live.clone(),
                 route,
                 owed,
                 store.clone(),
                 metrics,
-            ));
+            )));
         }
         if !after.leases.is_empty() {
             let handles = &ctx.live.routes[route];
@@ -236,12 +236,12 @@ impl Gateway {
             let calls = std::mem::take(&mut after.leases)
                 .into_iter()
                 .map(|(_, c)| c);
-            ctx.leases = Some(settle::Leases::hold(
+            ctx.leases = Some(Box::new(settle::Leases::hold(
                 store,
                 calls.collect(),
                 after.id,
                 gauges,
-            ));
+            )));
         }
     }
 
