@@ -68,14 +68,14 @@ pub struct Admission {
     pub headline: Option<(usize, Decision)>,
     /// The store call, if one was made.
     pub store: Option<StoreCall>,
-    /// What the admitted request still owes or holds (empty when refused).
-    pub after: After,
+    /// What the admitted request still owes or holds (boxed: most requests have nothing).
+    pub after: Option<Box<After>>,
 }
 
 /// The limits an admitted request settles after its answer: those charged by the answer
 /// (their probe passed) and the concurrency slots it took, with the call id naming the
 /// slots and whether the embedded store decided (`on_error: local`).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct After {
     pub id: u64,
     pub local: bool,
@@ -266,6 +266,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         error: None,
     };
     let mut passes_as = Outcome::Forwarded;
+    let mut local = false;
     let decisions = match result {
         Ok(d) => {
             adm.store = Some(call);
@@ -293,7 +294,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
                 }
                 OnError::Local => {
                     passes_as = Outcome::StoreErrorAllowed;
-                    adm.after.local = true;
+                    local = true;
                     stores.local.decide_as(&calls, id)
                 }
             }
@@ -350,13 +351,21 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         return (adm, refuse(route, i, d));
     }
     adm.headline = tightest;
-    adm.after.id = id;
+    let mut after = After {
+        id,
+        local,
+        owed: Vec::new(),
+        leases: Vec::new(),
+    };
     for ((c, d), &i) in calls.into_iter().zip(&decisions).zip(&which) {
         match route.limits[i].charge {
-            Charge::Answer { .. } => adm.after.owed.push((i, c)),
-            Charge::InFlight if d.allowed() => adm.after.leases.push((i, c)),
+            Charge::Answer { .. } => after.owed.push((i, c)),
+            Charge::InFlight if d.allowed() => after.leases.push((i, c)),
             _ => {}
         }
+    }
+    if !after.owed.is_empty() || !after.leases.is_empty() {
+        adm.after = Some(Box::new(after));
     }
     (adm, Verdict::Pass(passes_as))
 }

@@ -116,17 +116,12 @@ impl Gateway {
             .await;
         match res {
             Ok(res) => Ok(self.response_filter(ctx, res).await),
-            Err(e) => {
-                // The gateway's own 502/504 is the answer these limits are charged for, and
-                // the slots are free before it goes out.
-                if let Some(owed) = ctx.owed.take() {
-                    (*owed).settle(e.status().as_u16(), None).await;
-                }
-                if let Some(leases) = ctx.leases.take() {
-                    (*leases).release().await;
-                }
+            Err(e) if ctx.owed.is_some() || ctx.leases.is_some() => {
+                // Boxed: only these requests carry that future.
+                Box::pin(settle::unanswered(ctx, e.status().as_u16())).await;
                 Err(e)
             }
+            Err(e) => Err(e),
         }
     }
 
@@ -195,7 +190,9 @@ impl Gateway {
             deny: self.deny.as_ref(),
         };
         let (mut admission, verdict) = admit::decide(route, plan, stores).await;
-        self.settle_later(ctx, &mut admission.after);
+        if let Some(after) = admission.after.take() {
+            self.settle_later(ctx, *after);
+        }
         ctx.admission = admission;
         match verdict {
             Verdict::Pass(outcome) => Ok(outcome),
@@ -205,10 +202,7 @@ impl Gateway {
 
     /// Keep what an admitted request settles after its answer: the limits its answer is
     /// charged to, and the concurrency slots it took (from the store that decided).
-    fn settle_later(&self, ctx: &mut Ctx, after: &mut admit::After) {
-        if after.owed.is_empty() && after.leases.is_empty() {
-            return;
-        }
+    fn settle_later(&self, ctx: &mut Ctx, mut after: admit::After) {
         let store = if after.local {
             Store::Memory(self.local.clone())
         } else {
@@ -283,9 +277,8 @@ impl Gateway {
             ctx.outcome = Outcome::UpstreamError;
         }
         if let Some(owed) = ctx.owed.take() {
-            let charged = owed
-                .settle(res.status().as_u16(), Some(res.headers()))
-                .await;
+            // Boxed: only these requests carry that future.
+            let charged = Box::pin(owed.settle(res.status().as_u16(), Some(res.headers()))).await;
             // The answer advertises the state after its own charge, when that is tighter.
             let rules = ctx.route.map(|r| &ctx.live.table.routes[r].limits);
             for (i, d) in charged {

@@ -26,6 +26,18 @@ use crate::limiter::store::{LimitCall, Store};
 use crate::model::limit::Charge;
 use crate::telemetry::metrics::StoreMetrics;
 
+/// A request the gateway answered itself after admitting it (the upstream failed: 502,
+/// 504): charge its answer-charged limits as that status and free its slots, before the
+/// answer goes out.
+pub async fn unanswered(ctx: &mut super::context::Ctx, status: u16) {
+    if let Some(owed) = ctx.owed.take() {
+        owed.settle(status, None).await;
+    }
+    if let Some(leases) = ctx.leases.take() {
+        leases.release().await;
+    }
+}
+
 /// The status a request is charged as when its client went away before the answer.
 pub const CLIENT_GONE: u16 = 499;
 
@@ -197,7 +209,7 @@ impl Leases {
 impl Leases {
     /// Free the slots now; done when the store has them back (or failed to: then they
     /// free themselves when their lease runs out). Bounded by the store's timeout.
-    pub async fn release(mut self) {
+    pub async fn release(mut self: Box<Self>) {
         if let Some(release) = self.stop() {
             release.await
         }
