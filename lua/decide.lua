@@ -14,11 +14,9 @@
 -- before the first write, so bad input is an error reply that changed nothing.
 local PER_KEY = 9
 
-local function decide_all(now, extra_args)
-  local nkeys = #KEYS
-  if nkeys < 1 or #ARGV ~= 2 + PER_KEY * nkeys + extra_args then
-    return redis.error_reply('sluice: expected 2 + 9 args per key')
-  end
+-- One request: keys KEYS[k0 + 1 .. k0 + nkeys]; ARGV[a0 + 1] nonce, ARGV[a0 + 2] commit, then
+-- 9 per key. Returns its 5 integers per key; raises (error table) on bad input, before writing.
+local function request(now, k0, nkeys, a0)
   local function arg(j, lo, hi, what)
     local v = int(ARGV[j])
     if v == nil or v < lo or v > hi then
@@ -26,11 +24,11 @@ local function decide_all(now, extra_args)
     end
     return v
   end
-  local nonce = ARGV[1]
-  local commit = arg(2, 0, 1, 'commit flag') == 1
+  local nonce = ARGV[a0 + 1]
+  local commit = arg(a0 + 2, 0, 1, 'commit flag') == 1
   local calls = {}
   for i = 1, nkeys do
-    local b = 2 + PER_KEY * (i - 1)
+    local b = a0 + 2 + PER_KEY * (i - 1)
     local p = {}
     p.algorithm = ARGV[b + 1]
     if ALGO[p.algorithm] == nil then
@@ -56,15 +54,15 @@ local function decide_all(now, extra_args)
 
   -- One limit, as src/limiter/algo/mod.rs `run` does it.
   local function one(i, p, write)
-    local algo = ALGO[p.algorithm]
-    if p.algorithm == 'concurrency' then return algo(KEYS[i], p, now, p.cost, write, nonce, i) end
-    if p.op ~= 2 then return algo(KEYS[i], p, now, p.cost, write and p.op == 0, nonce, i) end
-    if not write or p.cost == 0 then return algo(KEYS[i], p, now, 0, false, nonce, i) end
-    if CHARGE[p.algorithm] ~= nil then return CHARGE[p.algorithm](KEYS[i], p, now, p.cost) end
+    local algo, key = ALGO[p.algorithm], KEYS[k0 + i]
+    if p.algorithm == 'concurrency' then return algo(key, p, now, p.cost, write, nonce, i) end
+    if p.op ~= 2 then return algo(key, p, now, p.cost, write and p.op == 0, nonce, i) end
+    if not write or p.cost == 0 then return algo(key, p, now, 0, false, nonce, i) end
+    if CHARGE[p.algorithm] ~= nil then return CHARGE[p.algorithm](key, p, now, p.cost) end
     -- A window charges what still fits in it.
-    local _, _, left = algo(KEYS[i], p, now, 0, false, nonce, i)
+    local _, _, left = algo(key, p, now, 0, false, nonce, i)
     local _, limit, remaining, retry, reset =
-      algo(KEYS[i], p, now, math.min(p.cost, left), true, nonce, i)
+      algo(key, p, now, math.min(p.cost, left), true, nonce, i)
     return 0, limit, remaining, retry, reset
   end
 
@@ -88,4 +86,51 @@ local function decide_all(now, extra_args)
     run(true)
   end
   return out
+end
+
+-- A single request: KEYS and ARGV as described at the top.
+local function decide_all(now, extra_args)
+  local nkeys = #KEYS
+  if nkeys < 1 or #ARGV ~= 2 + PER_KEY * nkeys + extra_args then
+    return redis.error_reply('sluice: expected 2 + 9 args per key')
+  end
+  return request(now, 0, nkeys, 0)
+end
+
+-- Several requests, decided one after another in the order given, each atomic and
+-- all-or-nothing on its own: ARGV[1] = 'batch', ARGV[2] = R, then per request its key count
+-- followed by its own nonce, commit and 9 per key; KEYS are the requests' keys in order.
+-- Reply: per request, its 5 integers per key, or the error string of that request alone (a
+-- request that errs wrote nothing; the others are unaffected).
+local function decide_batch(now, extra_args)
+  local count = int(ARGV[2])
+  if count == nil or count < 1 then return redis.error_reply('sluice: bad batch size') end
+  local spans, a, k = {}, 2, 0
+  for r = 1, count do
+    local n = int(ARGV[a + 1])
+    if n == nil or n < 1 then return redis.error_reply('sluice: bad key count in ARGV[' .. (a + 1) .. ']') end
+    spans[r] = {k, n, a + 1}
+    a, k = a + 3 + PER_KEY * n, k + n
+  end
+  if k ~= #KEYS or a ~= #ARGV - extra_args then
+    return redis.error_reply('sluice: batch does not match its KEYS and ARGV')
+  end
+  local out = {}
+  for r, span in ipairs(spans) do
+    local ok, res = pcall(request, now, span[1], span[2], span[3])
+    if ok then
+      out[r] = res
+    elseif type(res) == 'table' then
+      out[r] = res.err or 'sluice: error'
+    else
+      out[r] = tostring(res)
+    end
+  end
+  return out
+end
+
+-- The production entry and the tests' pinned one both dispatch here.
+local function decide(now, extra_args)
+  if ARGV[1] == 'batch' then return decide_batch(now, extra_args) end
+  return decide_all(now, extra_args)
 end

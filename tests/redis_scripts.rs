@@ -44,7 +44,7 @@ impl Lua {
     /// `now` pinned by the last ARGV (test-only entry).
     fn pinned(conn: Conn) -> Lua {
         let script = format!(
-            "#!lua\n{}return decide_all(tonumber(ARGV[#ARGV]), 1)\n",
+            "#!lua\n{}return decide(tonumber(ARGV[#ARGV]), 1)\n",
             scripts::BODY
         );
         Lua::load(conn, &script)
@@ -636,4 +636,88 @@ fn calendar_months_end_exactly_in_the_script() {
     }
     assert!(!lua.at(&limit(key, p, 1), jan_1 - 1).allowed());
     assert!(lua.at(&limit(key, p, 1), jan_1).allowed());
+}
+
+/// A batch (several requests in one call, `lua/decide.lua`'s `decide_batch`) decides exactly
+/// as the same requests one after another: against the embedded store, on random mixes of
+/// algorithms, ops and shadow limits, requests naming the same keys in one batch. A request
+/// with bad input gets its own error and writes nothing; the others are decided.
+#[test]
+fn a_batch_decides_like_its_requests_one_after_another() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut r = Rng(0x5EED_0003);
+    let (clock, time) = Clock::manual(T0);
+    let mem = MemoryStore::new(10_000, clock);
+    let mut now = T0;
+    let mut id = 5_000_000;
+    for round in 0..120 {
+        now += r.below(2 * S);
+        time.store(now, Ordering::Relaxed);
+        let size = 2 + r.below(7) as usize;
+        let bad = (round % 3 == 0).then(|| r.below(size as u64) as usize);
+        let mut requests: Vec<(u64, Vec<LimitCall>)> = Vec::new();
+        for q in 0..size {
+            id += 1;
+            let n = 1 + r.below(2) as usize;
+            let mut calls: Vec<LimitCall> = (0..n)
+                .map(|i| {
+                    let a = Algorithm::ALL[r.below(6) as usize];
+                    let p = param_sets(a)[0];
+                    let op = [Op::Decide, Op::Decide, Op::Probe, Op::Charge][r.below(4) as usize];
+                    LimitCall {
+                        // Few keys: requests of one batch meet on them.
+                        key: format!("batch:{}:{}:{{b}}", a.name(), (i as u64 + r.below(2)) % 2),
+                        params: p,
+                        cost: cost(&mut r, &p),
+                        shadow: r.below(5) == 0,
+                        op,
+                    }
+                })
+                .collect();
+            calls.dedup_by(|a, b| a.key == b.key);
+            if bad == Some(q) {
+                calls[0].params.limit = 0; // refused by the script's argument checks
+            }
+            requests.push((id, calls));
+        }
+        let nonces: Vec<String> = requests.iter().map(|(id, _)| format!("t{id}")).collect();
+        let mut args: Vec<String> = vec![
+            "EVALSHA".into(),
+            lua.sha.clone(),
+            requests
+                .iter()
+                .map(|(_, c)| c.len())
+                .sum::<usize>()
+                .to_string(),
+        ];
+        args.extend(
+            requests
+                .iter()
+                .flat_map(|(_, c)| c.iter().map(|c| c.key.clone())),
+        );
+        args.extend(scripts::batch_argv(
+            nonces
+                .iter()
+                .zip(&requests)
+                .map(|(n, (_, c))| (n.as_str(), &c[..])),
+        ));
+        args.push(now.to_string());
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply = lua.conn.cmd(&argv).as_array();
+        assert_eq!(reply.len(), size, "round {round}");
+        for (q, ((rid, calls), got)) in requests.iter().zip(reply).enumerate() {
+            if bad == Some(q) {
+                let Resp::Bulk(Some(e)) = got else {
+                    panic!("round {round}: the bad request answered {got:?}");
+                };
+                assert!(String::from_utf8_lossy(&e).contains("bad limit"), "{e:?}");
+                continue;
+            }
+            let want = mem.decide_as(calls, *rid);
+            let ints: Vec<i64> = got.as_array().iter().map(Resp::as_int).collect();
+            let got = scripts::decisions(&ints, calls.len()).unwrap();
+            assert_eq!(got, want, "round {round}, request {q}: {calls:?}");
+        }
+    }
 }

@@ -4,6 +4,7 @@
 //! one call, all-or-nothing: if any enforced (non-shadow) limit refuses, nothing is consumed;
 //! otherwise every limit that admitted is charged (a shadow limit that refused is not).
 
+pub mod batch;
 pub mod breaker;
 pub mod memory;
 pub mod redis;
@@ -117,7 +118,7 @@ impl Store {
     ) -> Result<Vec<Decision>, StoreError> {
         match self {
             Store::Memory(m) => Ok(m.decide_as(calls, id)),
-            Store::Redis(r) => Box::pin(r.decide_as(calls, id)).await,
+            Store::Redis(r) => Box::pin(RedisStore::decide_as(r, calls, id)).await,
         }
     }
 

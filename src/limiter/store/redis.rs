@@ -1,5 +1,7 @@
 //! The Redis store: every request's limits in one EVALSHA of the script in `lua/`, decided
-//! atomically at Redis's own clock, through a pooled, pipelining fred client.
+//! atomically at Redis's own clock, through a pooled, pipelining fred client. On standalone
+//! and Sentinel, requests that arrive while a call is in flight share the next call
+//! ([`batch`]): Redis pays its per-call cost once per batch.
 //!
 //! What keeps it honest when Redis misbehaves:
 //! - a decision is sent at most once: `max_command_attempts = 1`, and `fail_fast` so nothing
@@ -31,6 +33,7 @@ use fred::types::config::{ClusterDiscoveryPolicy, Options, ReconnectPolicy, Serv
 use fred::types::config::{TlsConfig, TlsConnector, TlsHostMapping};
 use futures_util::future::try_join_all;
 
+use super::batch::{self, Job};
 use super::breaker::Breaker;
 use super::{scripts, LimitCall, Peek, StoreError};
 use crate::limiter::algo::Decision;
@@ -49,6 +52,8 @@ pub struct RedisStore {
     nonce_prefix: String,
     /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
     ever_connected: AtomicBool,
+    /// Requests waiting for the next script call (standalone and Sentinel).
+    queue: batch::Queue,
 }
 
 /// Build fred's config from ours (URL, mode, seeds, password).
@@ -197,6 +202,7 @@ impl RedisStore {
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
             ever_connected: AtomicBool::new(false),
+            queue: batch::Queue::new(s.pool_size),
         })
     }
 
@@ -330,15 +336,108 @@ impl RedisStore {
 
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
     pub async fn decide_as(
-        &self,
+        self: &Arc<Self>,
         calls: &[LimitCall],
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
-        self.guarded(self.decide_unguarded(calls, id)).await
+        if self.cluster {
+            return self.guarded(self.decide_unguarded(calls, id)).await;
+        }
+        self.guarded(self.queued(calls, id)).await
+    }
+
+    /// Standalone and Sentinel: queue the request for the next script call (see
+    /// [`batch`]), starting a sender if fewer than `pool_size` run.
+    async fn queued(
+        self: &Arc<Self>,
+        calls: &[LimitCall],
+        id: u64,
+    ) -> Result<Vec<Decision>, StoreError> {
+        let (answer, rx) = tokio::sync::oneshot::channel();
+        let job = Job {
+            calls: calls.to_vec(),
+            id,
+            answer,
+        };
+        if self.queue.push(job) {
+            let me = self.clone();
+            tokio::spawn(async move { me.send_queued().await });
+        }
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Connection("decision call dropped".into())))
+    }
+
+    /// A sender: one script call for everything queued, until the queue is empty.
+    async fn send_queued(self: Arc<Self>) {
+        loop {
+            let jobs = self.queue.take();
+            if jobs.is_empty() {
+                if self.queue.finish() {
+                    continue;
+                }
+                return;
+            }
+            let answers = tokio::time::timeout(self.timeout, self.eval_batch(&jobs))
+                .await
+                .unwrap_or(Err(StoreError::Timeout));
+            match answers {
+                Ok(answers) => {
+                    for (job, a) in jobs.into_iter().zip(answers) {
+                        let _ = job.answer.send(a);
+                    }
+                }
+                Err(e) => {
+                    for job in jobs {
+                        let _ = job.answer.send(Err(e.clone()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// One script call deciding `jobs` in order. A lone request uses the single-request
+    /// form; each request of a batch gets its own answer (one request's script error does
+    /// not fail the others).
+    async fn eval_batch(
+        &self,
+        jobs: &[Job],
+    ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
+        if let [job] = jobs {
+            return Ok(vec![self.eval(&job.calls, true, job.id).await]);
+        }
+        let nonces: Vec<String> = jobs.iter().map(|j| self.nonce(j.id)).collect();
+        let keys = || {
+            jobs.iter()
+                .flat_map(|j| j.calls.iter().map(|c| c.key.as_str()))
+                .collect::<Vec<_>>()
+        };
+        let argv = || {
+            let requests = nonces
+                .iter()
+                .zip(jobs)
+                .map(|(n, j)| (n.as_str(), &j.calls[..]));
+            scripts::batch_argv(requests)
+        };
+        let client = self.client().await?;
+        let reply: Result<Vec<fred::types::Value>, Error> =
+            match client.evalsha(self.sha.as_str(), keys(), argv()).await {
+                Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys(), argv()).await,
+                other => other,
+            };
+        let reply = reply.map_err(|e| store_error(&e))?;
+        let sizes: Vec<usize> = jobs.iter().map(|j| j.calls.len()).collect();
+        let answers = scripts::batch_decisions(reply, &sizes).map_err(StoreError::Script)?;
+        Ok(answers
+            .into_iter()
+            .map(|a| a.map_err(StoreError::Script))
+            .collect())
     }
 
     /// [`RedisStore::decide_as`] with a new call id.
-    pub async fn decide(&self, calls: &[LimitCall]) -> Result<Vec<Decision>, StoreError> {
+    pub async fn decide(
+        self: &Arc<Self>,
+        calls: &[LimitCall],
+    ) -> Result<Vec<Decision>, StoreError> {
         self.decide_as(calls, super::next_id()).await
     }
 

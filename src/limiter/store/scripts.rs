@@ -3,7 +3,7 @@
 //! and the entry point that reads the store's clock. One script means one SHA and one
 //! EVALSHA per request, whatever its limits.
 
-/// Helpers, the six algorithms and `decide_all(now, extra_args)`, in this order.
+/// Helpers, the algorithms and `decide(now, extra_args)` (one request, or a batch), in order.
 macro_rules! sluice_lua_body {
     () => {
         concat!(
@@ -43,6 +43,25 @@ pub const ARGS_PER_KEY: usize = 9;
 /// The ARGV of one script call: nonce, commit flag, then 9 values per limit.
 pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String> {
     let mut a = Vec::with_capacity(2 + ARGS_PER_KEY * calls.len());
+    push_request(&mut a, nonce, commit, calls);
+    a
+}
+
+/// The ARGV of a batch (`lua/decide.lua`, `decide_batch`): `batch`, the request count, then
+/// per request its key count, nonce, commit flag (always 1) and 9 values per limit. The KEYS
+/// are every request's keys, in the same order.
+pub fn batch_argv<'a>(
+    requests: impl ExactSizeIterator<Item = (&'a str, &'a [super::LimitCall])>,
+) -> Vec<String> {
+    let mut a = vec!["batch".to_owned(), requests.len().to_string()];
+    for (nonce, calls) in requests {
+        a.push(calls.len().to_string());
+        push_request(&mut a, nonce, true, calls);
+    }
+    a
+}
+
+fn push_request(a: &mut Vec<String>, nonce: &str, commit: bool, calls: &[super::LimitCall]) {
     a.push(nonce.to_owned());
     a.push(if commit { "1" } else { "0" }.to_owned());
     for c in calls {
@@ -61,7 +80,40 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
             a.push(v.to_string());
         }
     }
-    a
+}
+
+/// Decode a batch reply: per request (of `keys[r]` keys), its decisions or its own error.
+pub fn batch_decisions(
+    reply: Vec<fred::types::Value>,
+    keys: &[usize],
+) -> Result<Vec<Result<Vec<crate::limiter::algo::Decision>, String>>, String> {
+    use fred::types::Value;
+    if reply.len() != keys.len() {
+        return Err(format!(
+            "batch answered {} requests for {}",
+            reply.len(),
+            keys.len()
+        ));
+    }
+    reply
+        .into_iter()
+        .zip(keys)
+        .map(|(v, &n)| match v {
+            Value::Array(items) => {
+                let ints: Result<Vec<i64>, String> = items
+                    .into_iter()
+                    .map(|i| match i {
+                        Value::Integer(i) => Ok(i),
+                        other => Err(format!("not an integer: {other:?}")),
+                    })
+                    .collect();
+                Ok(decisions(&ints?, n))
+            }
+            Value::String(e) => Ok(Err(e.to_string())),
+            Value::Bytes(e) => Ok(Err(String::from_utf8_lossy(&e).into_owned())),
+            other => Err(format!("unexpected batch item {other:?}")),
+        })
+        .collect()
 }
 
 /// Decode a reply of 5 integers per key into decisions.
