@@ -1,4 +1,5 @@
--- All limits of one request in one atomic call, all-or-nothing.
+-- All limits of one request in one atomic call, all-or-nothing (or several requests, each so,
+-- in one call: see decide_batch at the end).
 --
 -- KEYS: one key per limit (distinct). ARGV: [1] nonce (unique per call across gateways, for
 -- sliding_log members and concurrency leases), [2] commit (0 = peek, 1 = decide), then 9 per

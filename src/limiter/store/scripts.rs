@@ -1,7 +1,7 @@
 //! The limiter script sent to Redis, assembled at compile time from `lua/`: one file per
 //! algorithm (each the twin of its module in [`crate::algo`]), the all-or-nothing driver,
-//! and the entry point that reads the store's clock. One script means one SHA and one
-//! EVALSHA per request, whatever its limits.
+//! and the entry point that reads the store's clock. One script means one SHA, and one
+//! EVALSHA per request (or per batch of requests), whatever its limits.
 
 /// Helpers, the algorithms and `decide(now, extra_args)` (one request, or a batch), in order.
 macro_rules! sluice_lua_body {
