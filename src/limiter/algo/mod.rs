@@ -22,6 +22,21 @@ pub(crate) mod testkit;
 
 pub use crate::model::params::{Algorithm, Params, ParamsError, MAX_EXACT};
 
+/// Run `$body` on `$state` as the state of algorithm variant `$v`, bound to `$own`. A state of
+/// another variant (cannot happen with well-formed keys) reads as none, and is put back
+/// unless the call wrote over it. The one way every entry point below reaches a state.
+macro_rules! on_state {
+    ($state:expr, $v:ident, |$own:ident| $body:expr) => {{
+        let (mut $own, foreign) = match $state.take() {
+            Some(State::$v(s)) => (Some(s), None),
+            other => (None, other),
+        };
+        let verdict = $body;
+        *$state = $own.map(State::$v).or(foreign);
+        verdict
+    }};
+}
+
 /// Outcome code of one decision, as returned by every Lua script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Code {
@@ -110,20 +125,14 @@ pub fn run(
     write: bool,
 ) -> Verdict {
     if p.algorithm == Algorithm::Concurrency {
-        let mut own = match state.take() {
-            Some(State::Concurrency(s)) => Some(s),
-            _ => None,
-        };
-        let v = match op {
+        return on_state!(state, Concurrency, |own| match op {
             Op::Decide | Op::Probe => {
                 concurrency::decide(p, &mut own, now, cost, write && op == Op::Decide, id)
             }
             Op::Release if write => concurrency::release(p, &mut own, now, id),
             Op::Renew if write => concurrency::renew(p, &mut own, now, id),
             _ => concurrency::decide(p, &mut own.clone(), now, 0, false, id),
-        };
-        *state = own.map(State::Concurrency);
-        return v;
+        });
     }
     match op {
         Op::Decide => decide(p, state, now, cost, write),
@@ -142,21 +151,18 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
     if cost == 0 {
         return decide(p, state, now, 0, false);
     }
-    macro_rules! debt {
-        ($m:ident, $v:ident) => {{
-            let mut own = match state.take() {
-                Some(State::$v(s)) => Some(s),
-                _ => None,
-            };
-            let v = $m::charge(p, &mut own, now, cost);
-            *state = own.map(State::$v);
-            v
-        }};
-    }
     match p.algorithm {
-        Algorithm::TokenBucket => debt!(token_bucket, TokenBucket),
-        Algorithm::LeakyBucket => debt!(leaky_bucket, LeakyBucket),
-        Algorithm::Gcra => debt!(gcra, Gcra),
+        Algorithm::TokenBucket => {
+            on_state!(state, TokenBucket, |own| token_bucket::charge(
+                p, &mut own, now, cost
+            ))
+        }
+        Algorithm::LeakyBucket => {
+            on_state!(state, LeakyBucket, |own| leaky_bucket::charge(
+                p, &mut own, now, cost
+            ))
+        }
+        Algorithm::Gcra => on_state!(state, Gcra, |own| gcra::charge(p, &mut own, now, cost)),
         _ => {
             let left = decide(p, state, now, 0, false).decision.remaining;
             let mut v = decide(p, state, now, cost.min(left), true);
@@ -204,16 +210,9 @@ pub(crate) fn verdict(
 /// wrong variant (cannot happen with well-formed keys) counts as fresh.
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     macro_rules! run {
-        ($m:ident, $v:ident) => {{
-            // A foreign state is put back unless this call wrote over it.
-            let (mut own, foreign) = match state.take() {
-                Some(State::$v(s)) => (Some(s), None),
-                other => (None, other),
-            };
-            let verdict = $m::decide(p, &mut own, now, cost, commit);
-            *state = own.map(State::$v).or(foreign);
-            verdict
-        }};
+        ($m:ident, $v:ident) => {
+            on_state!(state, $v, |own| $m::decide(p, &mut own, now, cost, commit))
+        };
     }
     match p.algorithm {
         Algorithm::FixedWindow => run!(fixed_window, FixedWindow),
@@ -222,15 +221,8 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         Algorithm::TokenBucket => run!(token_bucket, TokenBucket),
         Algorithm::LeakyBucket => run!(leaky_bucket, LeakyBucket),
         Algorithm::Gcra => run!(gcra, Gcra),
-        Algorithm::Concurrency => {
-            let mut own = match state.take() {
-                Some(State::Concurrency(s)) => Some(s),
-                _ => None,
-            };
-            let v = concurrency::decide(p, &mut own, now, cost, commit, 0);
-            *state = own.map(State::Concurrency);
-            v
-        }
+        // No lease id here: the admin peek and tests; requests go through [`run`].
+        Algorithm::Concurrency => run(p, state, now, cost, Op::Decide, 0, commit),
     }
 }
 
