@@ -61,7 +61,7 @@ impl http_body::Body for Holding {
             let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
             let ends = frame.as_ref().is_none_or(|f| f.is_err()) || self.body.is_end_stream();
             match self.leases.take() {
-                Some(leases) if ends => match (*leases).release_now() {
+                Some(mut leases) if ends => match leases.release_now() {
                     None => return Poll::Ready(frame),
                     Some(release) => self.ending = Some((frame, tokio::spawn(release))),
                 },

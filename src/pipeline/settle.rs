@@ -210,20 +210,16 @@ impl Leases {
     /// Free the slots now; done when the store has them back (or failed to: then they
     /// free themselves when their lease runs out). Bounded by the store's timeout.
     pub async fn release(mut self: Box<Self>) {
-        if let Some(release) = self.stop() {
+        if let Some(release) = self.release_now() {
             release.await
         }
     }
 
-    /// Free the slots at once when the store needs no wait for it (the embedded store);
-    /// otherwise the release call to run.
-    pub fn release_now(mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
-        self.stop()
-    }
-
-    /// Stop renewing and counting, once; release on the embedded store right here, or
-    /// return the call that releases on Redis.
-    fn stop(&mut self) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
+    /// Stop renewing and counting, once; free the slots at once when the store needs no
+    /// wait for it (the embedded store), or return the call that frees them (Redis).
+    pub fn release_now(
+        &mut self,
+    ) -> Option<impl std::future::Future<Output = ()> + Send + 'static> {
         if std::mem::replace(&mut self.released, true) {
             return None;
         }
@@ -252,7 +248,7 @@ impl Leases {
 impl Drop for Leases {
     /// Dropped unreleased: the client went away, or the request ended without a body.
     fn drop(&mut self) {
-        if let Some(release) = self.stop() {
+        if let Some(release) = self.release_now() {
             spawn(release);
         }
     }
