@@ -567,8 +567,8 @@ fn connect_is_405() {
 }
 
 /// An HTTP/1.0 request may omit Host; it is forwarded, and the upstream still gets a Host
-/// field: the pooled client fills it from the target (hyper-util client/legacy/client.rs
-/// `set_host`).
+/// field: the gateway fills it from the target, as `host:port` unless the port is the
+/// scheme's (`host_header` in src/pipeline/upstream/mod.rs).
 #[test]
 fn http10_without_host_is_forwarded_with_a_host() {
     let up = Upstream::start();

@@ -201,6 +201,55 @@ async fn round_robin_over_live_targets() {
     assert_eq!((a.hits(), b.hits()), (5, 5));
 }
 
+/// Upstream connections are kept alive and reused: sequential requests share one, concurrent
+/// ones open one each (past the idle one) and are then reused, and a connection the upstream
+/// closes is not used again.
+#[tokio::test]
+async fn upstream_connections_are_reused_until_closed() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c = client();
+    for i in 0..20 {
+        let r = get(&c, &s.url(&format!("/seq/{i}")), &[]).await;
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(
+        up.conns(),
+        1,
+        "sequential requests share one upstream connection"
+    );
+
+    // The upstream answers `Connection: close` and closes: the next request opens another.
+    assert_eq!(get(&c, &s.url("/close"), &[]).await.text(), "closing");
+    for _ in 0..5 {
+        assert_eq!(get(&c, &s.url("/after"), &[]).await.status, 200);
+    }
+    assert_eq!(
+        up.conns(),
+        2,
+        "a closed connection is replaced once, then reused"
+    );
+
+    // 8 at once (each held 300 ms at the upstream) need 8 connections, then 8 more reuse them.
+    let burst = |tag: &'static str| {
+        let url = s.url(&format!("/burst?ms=300&tag={tag}"));
+        futures_util::future::join_all((0..8).map(move |_| {
+            let url = url.clone();
+            async move { get(&client(), &url, &[]).await.status }
+        }))
+    };
+    assert_eq!(burst("a").await, vec![200; 8]);
+    let after_first = up.conns();
+    assert_eq!(after_first, 2 + 7, "one idle connection reused, 7 opened");
+    assert_eq!(burst("b").await, vec![200; 8]);
+    assert_eq!(
+        up.conns(),
+        after_first,
+        "the second burst reuses the first's"
+    );
+    assert_eq!(up.hits(), 20 + 1 + 5 + 16);
+}
+
 #[tokio::test]
 async fn upstream_timeout_is_504() {
     let up = Upstream::start();

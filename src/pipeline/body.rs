@@ -22,7 +22,11 @@ pub fn empty() -> Body {
     Empty::new().map_err(|e| match e {}).boxed()
 }
 
-pub fn stream(b: hyper::body::Incoming) -> Body {
+/// An upstream's body, streamed through.
+pub fn stream<B>(b: B) -> Body
+where
+    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
+{
     b.map_err(|e| Box::new(e) as BoxError).boxed()
 }
 

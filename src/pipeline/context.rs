@@ -65,7 +65,7 @@ pub struct Ctx {
     /// The outcome so far (set by the phase that answers or forwards).
     pub outcome: Outcome,
     /// The upstream target that answered.
-    pub upstream: Option<String>,
+    pub upstream: Option<std::sync::Arc<str>>,
     /// Seconds to the upstream's response head, and its `STATUS_CLASSES` index.
     pub upstream_time: Option<(f64, usize)>,
     /// Limits charged by the answer, until it is in (dropped unsettled: the client left).

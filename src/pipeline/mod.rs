@@ -326,7 +326,7 @@ impl Gateway {
         route: &Route,
         upstream: &Upstream,
         body: Incoming,
-    ) -> Result<(Response<Body>, String), ForwardError> {
+    ) -> Result<(Response<Body>, Arc<str>), ForwardError> {
         let (table, peer, host, rid) = (&ctx.live.table, ctx.peer, ctx.host.as_ref(), &ctx.rid);
         let parts = &mut ctx.parts;
         let path = ctx.normalized.as_deref().unwrap_or_else(|| ctx.uri.path());

@@ -2,7 +2,8 @@
 //!
 //! Paths: `/download?bytes=N` streams N bytes; `/upload` counts the body as it streams and
 //! answers the count; `/slow?ms=N[&status=NNN]` waits before the head; `/tokens?n=N[&ms=M]`
-//! answers `X-Tokens-Used: N`; `/status/NNN`; `/ws` answers 101 and echoes raw bytes;
+//! answers `X-Tokens-Used: N`; `/status/NNN`; `/close` answers and closes the connection;
+//! `/ws` answers 101 and echoes raw bytes;
 //! anything else echoes the request as JSON.
 
 use std::convert::Infallible;
@@ -170,6 +171,12 @@ async fn handle(mut req: Request<Incoming>) -> Result<Response<Body>, Infallible
     if let Some(code) = path.strip_prefix("/status/") {
         let mut res = Response::new(full(format!("status {code}")));
         *res.status_mut() = StatusCode::from_u16(code.parse().unwrap_or(500)).unwrap();
+        return Ok(res);
+    }
+    if path == "/close" {
+        let mut res = Response::new(full("closing"));
+        res.headers_mut()
+            .insert("connection", "close".parse().unwrap());
         return Ok(res);
     }
     if path == "/ws" {

@@ -1,5 +1,8 @@
-//! Stage 4 — forward to an upstream: pooled keep-alive connections (one hyper-util client per
-//! upstream), round-robin over targets skipping those that refuse, bodies streamed both ways.
+//! Stage 4 — forward to an upstream: keep-alive connections per target ([`pool`]), driven by
+//! the request's own task, round-robin over targets skipping those that refuse, bodies
+//! streamed both ways.
+
+mod pool;
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -8,16 +11,17 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::{Authority, Scheme};
-use http::{HeaderMap, Method, Request, Response, Uri, Version};
+use http::header::HOST;
+use http::uri::Authority;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
-use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client, ResponseFuture};
-use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use rustls::pki_types::ServerName;
+use tokio_rustls::TlsConnector;
+
+pub use pool::Streamed;
+use pool::{Connector, Pool, SendError};
 
 use crate::model::table::UpstreamSpec;
 
@@ -40,6 +44,10 @@ pub enum ForwardError {
 
 struct Target {
     authority: Authority,
+    /// `host:port` as logged and counted.
+    name: Arc<str>,
+    /// The `Host` a request without one is sent with (the port only if not the scheme's).
+    host: HeaderValue,
     /// Milliseconds since process start until which this target is skipped.
     down_until_ms: AtomicU64,
 }
@@ -48,24 +56,7 @@ pub struct Upstream {
     spec: UpstreamSpec,
     targets: Vec<Target>,
     next: AtomicUsize,
-    client: Pool,
-    scheme: Scheme,
-}
-
-/// The connection pool: cleartext, or TLS through rustls (the plain path pays nothing for
-/// the TLS one).
-enum Pool {
-    Plain(Client<HttpConnector, ReplayBody>),
-    Tls(Client<HttpsConnector<HttpConnector>, ReplayBody>),
-}
-
-impl Pool {
-    fn request(&self, req: Request<ReplayBody>) -> ResponseFuture {
-        match self {
-            Pool::Plain(c) => c.request(req),
-            Pool::Tls(c) => c.request(req),
-        }
-    }
+    pool: Arc<Pool>,
 }
 
 /// What to send upstream, minus the body.
@@ -73,6 +64,15 @@ pub struct Outgoing {
     pub method: Method,
     pub path_and_query: String,
     pub headers: HeaderMap,
+}
+
+fn host_header(authority: &Authority, tls: bool) -> HeaderValue {
+    let default = if tls { 443 } else { 80 };
+    let host = match authority.port_u16() {
+        Some(p) if p != default => authority.as_str(),
+        _ => authority.host(),
+    };
+    HeaderValue::from_str(host).expect("an authority is a valid header value")
 }
 
 fn now_ms() -> u64 {
@@ -84,46 +84,30 @@ impl Upstream {
     /// A client with its own connection pool for these settings; `tls` is the loaded client
     /// configuration of an https upstream.
     pub fn new(spec: &UpstreamSpec, tls: Option<Arc<rustls::ClientConfig>>) -> Upstream {
-        let mut conn = HttpConnector::new();
-        conn.set_connect_timeout(Some(spec.connect_timeout));
-        conn.set_nodelay(true);
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(usize::MAX);
-        let (client, scheme) = match tls {
-            None => (Pool::Plain(builder.build(conn)), Scheme::HTTP),
-            Some(cfg) => {
-                // hyper-rustls checks the scheme itself: an https target is never sent in
-                // cleartext.
-                conn.enforce_http(false);
-                let https = HttpsConnectorBuilder::new().with_tls_config((*cfg).clone());
-                let https = https.https_only();
-                let https = match spec.tls.as_ref().and_then(|t| t.server_name.clone()) {
-                    Some(name) => match ServerName::try_from(name) {
-                        Ok(n) => https.with_server_name_resolver(FixedServerNameResolver::new(n)),
-                        // Refused by config already; the target's host stands.
-                        Err(_) => https,
-                    },
-                    None => https,
-                };
-                let https = https.enable_http1().wrap_connector(conn);
-                (Pool::Tls(builder.build(https)), Scheme::HTTPS)
-            }
+        let tls = tls.map(|cfg| {
+            // Refused by config when invalid; the target's host is then verified.
+            let name = spec.tls.as_ref().and_then(|t| t.server_name.clone());
+            let name = name.and_then(|n| ServerName::try_from(n).ok());
+            (TlsConnector::from(cfg), name)
+        });
+        let connector = Connector {
+            connect_timeout: spec.connect_timeout,
+            tls,
         };
         Upstream {
-            scheme,
             spec: spec.clone(),
             targets: spec
                 .targets
                 .iter()
                 .map(|authority| Target {
                     authority: authority.clone(),
+                    name: authority.as_str().into(),
+                    host: host_header(authority, spec.tls.is_some()),
                     down_until_ms: AtomicU64::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
-            client,
+            pool: Arc::new(Pool::new(connector, spec.targets.len())),
         }
     }
 
@@ -133,13 +117,17 @@ impl Upstream {
     }
 
     /// Send the request; on a refused connection try the next target with the same,
-    /// still unread, body. Returns the upstream's response head; its body streams on.
+    /// still unread, body. Returns the upstream's response head (and the target's name); its
+    /// body streams on.
     pub async fn send(
         &self,
         out: Outgoing,
         body: Incoming,
-    ) -> Result<(Response<Incoming>, String), ForwardError> {
+    ) -> Result<(Response<Streamed>, Arc<str>), ForwardError> {
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        // Origin form: hyper writes the URI as given.
+        let uri = Uri::try_from(out.path_and_query)
+            .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
         let slot = Arc::new(Slot {
             body: Mutex::new(Some(body)),
             failed: AtomicBool::new(false),
@@ -157,18 +145,12 @@ impl Upstream {
         let mut headers = Some(out.headers);
         for (attempt, i) in order.enumerate() {
             let target = &self.targets[i];
-            let uri = Uri::builder()
-                .scheme(self.scheme.clone())
-                .authority(target.authority.clone())
-                .path_and_query(out.path_and_query.as_str())
-                .build()
-                .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
             let mut req = Request::new(ReplayBody {
                 slot: slot.clone(),
                 inner: None,
             });
             *req.method_mut() = out.method.clone();
-            *req.uri_mut() = uri;
+            *req.uri_mut() = uri.clone();
             *req.version_mut() = Version::HTTP_11;
             // The last possible attempt takes the headers; earlier ones (a refused connection
             // is retried on the next target) copy them.
@@ -177,38 +159,54 @@ impl Upstream {
             } else {
                 headers.clone().unwrap_or_default()
             };
-            match tokio::time::timeout_at(deadline, self.client.request(req)).await {
+            // A client without `Host` (HTTP/1.0): the target's.
+            req.headers_mut()
+                .entry(HOST)
+                .or_insert_with(|| target.host.clone());
+            let sent = self.pool.send(i, &target.authority, req);
+            let err = match tokio::time::timeout_at(deadline, sent).await {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
                         "no response head within {:?}",
                         self.spec.timeout
                     )))
                 }
-                Ok(Ok(res)) => return Ok((res, target.authority.to_string())),
-                Ok(Err(e)) => {
-                    if slot.failed.load(Ordering::Acquire) {
-                        return Err(ForwardError::ClientBody(chain(&e)));
-                    }
-                    let err = classify(&e);
-                    let retry = e.is_connect()
-                        && matches!(err, ForwardError::Unreachable(_))
-                        && slot.body.lock().is_some();
-                    if !retry {
-                        return Err(err);
-                    }
-                    target.down_until_ms.store(
-                        now_ms() + REFUSED_BACKOFF.as_millis() as u64,
-                        Ordering::Relaxed,
-                    );
-                    last = Some(err);
+                Ok(Ok(res)) => return Ok((res, target.name.clone())),
+                Ok(Err(e)) => e,
+            };
+            let err = match err {
+                SendError::Http(e) if slot.failed.load(Ordering::Acquire) => {
+                    return Err(ForwardError::ClientBody(chain(&e)))
                 }
+                SendError::Http(e) => return Err(classify(&e)),
+                SendError::ConnectTimeout => {
+                    return Err(ForwardError::Timeout(format!(
+                        "connect to {} timed out after {:?}",
+                        target.name, self.spec.connect_timeout
+                    )))
+                }
+                SendError::Connect(e) => ForwardError::Unreachable(format!(
+                    "cannot connect to {}: {}",
+                    target.name,
+                    chain(&e)
+                )),
+            };
+            if slot.body.lock().is_none() {
+                return Err(err);
             }
+            target.down_until_ms.store(
+                now_ms() + REFUSED_BACKOFF.as_millis() as u64,
+                Ordering::Relaxed,
+            );
+            last = Some(err);
         }
         Err(last.unwrap_or_else(|| ForwardError::Unreachable("no targets".into())))
     }
 }
 
-fn classify(e: &hyper_util::client::legacy::Error) -> ForwardError {
+/// A connection that failed after the request went out: 504 if a read or write timed out,
+/// else 502.
+fn classify(e: &hyper::Error) -> ForwardError {
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = false;
     while let Some(s) = src {
