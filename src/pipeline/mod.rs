@@ -30,7 +30,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use http::header::HOST;
-use http::{Request, Response, StatusCode, Version};
+use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
@@ -353,18 +353,26 @@ impl Gateway {
             headers.insert(HOST, h.clone());
         }
         headers.insert(X_REQUEST_ID, rid.clone());
-        let path = if route.strip_prefix {
-            route.matcher.strip(path)
+        let target = if route.strip_prefix || ctx.normalized.is_some() {
+            let path = if route.strip_prefix {
+                route.matcher.strip(path)
+            } else {
+                path.into()
+            };
+            let path_and_query = match query {
+                Some(q) => format!("{path}?{q}"),
+                None => path.into_owned(),
+            };
+            Uri::try_from(path_and_query).map_err(|e| ForwardError::Unreachable(e.to_string()))?
         } else {
-            path.into()
-        };
-        let path_and_query = match query {
-            Some(q) => format!("{path}?{q}"),
-            None => path.into_owned(),
+            // The client's own path and query, shared rather than copied and parsed again.
+            let mut origin = http::uri::Parts::default();
+            origin.path_and_query = ctx.uri.path_and_query().cloned();
+            Uri::from_parts(origin).unwrap_or_default()
         };
         let out = Outgoing {
             method: parts.method.clone(),
-            path_and_query,
+            target,
             headers,
         };
         let (mut res, target) = upstream.send(out, body).await?;

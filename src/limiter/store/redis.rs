@@ -341,7 +341,11 @@ impl RedisStore {
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
         if self.cluster {
-            return self.guarded(self.decide_unguarded(calls, id)).await;
+            // Boxed: fred's call futures are large (kilobytes), and only Cluster holds one per
+            // request; the queued path's future stays small enough to live in the request's.
+            return self
+                .guarded(Box::pin(self.decide_unguarded(calls, id)))
+                .await;
         }
         self.guarded(self.queued(calls, id)).await
     }

@@ -20,18 +20,20 @@ pub fn apply(
     tls: bool,
 ) {
     let peer = peer.to_canonical().to_string();
-    let mut joined: Vec<u8> = Vec::new();
-    for v in headers.get_all(&XFF) {
-        if !joined.is_empty() {
+    let mut prior = headers.get_all(&XFF).iter().peekable();
+    let xff = if prior.peek().is_none() {
+        // The usual case, the first proxy: the address alone, its string taken as is.
+        HeaderValue::try_from(peer)
+    } else {
+        let mut joined: Vec<u8> = Vec::new();
+        for v in prior {
+            joined.extend_from_slice(v.as_bytes());
             joined.extend_from_slice(b", ");
         }
-        joined.extend_from_slice(v.as_bytes());
-    }
-    if !joined.is_empty() {
-        joined.extend_from_slice(b", ");
-    }
-    joined.extend_from_slice(peer.as_bytes());
-    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        joined.extend_from_slice(peer.as_bytes());
+        HeaderValue::try_from(joined)
+    };
+    if let Ok(v) = xff {
         headers.insert(XFF, v);
     }
     if !(peer_trusted && headers.contains_key(&XFP)) {

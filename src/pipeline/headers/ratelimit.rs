@@ -67,11 +67,20 @@ pub fn apply(
     let reset = (!in_flight).then(|| d.reset_after_us.div_ceil(1_000_000));
     if matches!(mode, HeadersMode::Draft | HeadersMode::Both) {
         headers.insert(RATELIMIT_POLICY, policy.clone());
-        let v = match reset {
-            Some(t) => format!("\"{route}/{limit}\";r={};t={t}", d.remaining),
-            None => format!("\"{route}/{limit}\";r={}", d.remaining),
-        };
-        headers.insert(RATELIMIT, HeaderValue::from_str(&v).expect("ascii"));
+        // `"<route>/<limit>";r=<remaining>[;t=<reset>]`, written without the formatter: every
+        // answer on a limited route carries it.
+        let mut v = Vec::with_capacity(route.len() + limit.len() + 48);
+        v.push(b'"');
+        v.extend_from_slice(route.as_bytes());
+        v.push(b'/');
+        v.extend_from_slice(limit.as_bytes());
+        v.extend_from_slice(b"\";r=");
+        push_u64(&mut v, d.remaining);
+        if let Some(t) = reset {
+            v.extend_from_slice(b";t=");
+            push_u64(&mut v, t);
+        }
+        headers.insert(RATELIMIT, HeaderValue::try_from(v).expect("ascii"));
     }
     if matches!(mode, HeadersMode::Legacy | HeadersMode::Both) {
         headers.insert(X_LIMIT, HeaderValue::from(d.limit));
@@ -80,6 +89,21 @@ pub fn apply(
             headers.insert(X_RESET, HeaderValue::from(t));
         }
     }
+}
+
+/// `n` in decimal.
+fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
 }
 
 pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
@@ -98,6 +122,15 @@ mod tests {
             remaining,
             retry_after_us: 0,
             reset_after_us: reset_us,
+        }
+    }
+
+    #[test]
+    fn push_u64_writes_decimal() {
+        for n in [0, 7, 10, 99, 1_000_000, u64::MAX] {
+            let mut v = Vec::new();
+            push_u64(&mut v, n);
+            assert_eq!(String::from_utf8(v).unwrap(), n.to_string());
         }
     }
 

@@ -40,8 +40,19 @@ pub fn generate() -> HeaderValue {
         h.finish()
     });
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let s = format!("{prefix:016x}{n:016x}");
-    HeaderValue::from_str(&s).expect("hex is a valid header value")
+    let mut id = [0u8; 32];
+    hex(prefix, &mut id[..16]);
+    hex(n, &mut id[16..]);
+    HeaderValue::from_bytes(&id).expect("hex is a valid header value")
+}
+
+/// `v` as 16 lowercase hex digits into `out` (what `format!("{v:016x}")` writes, without the
+/// formatting machinery on every request).
+fn hex(v: u64, out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = DIGITS[((v >> (60 - 4 * i)) & 0xf) as usize];
+    }
 }
 
 #[cfg(test)]
@@ -60,6 +71,15 @@ mod tests {
             HeaderValue::from_str(&"x".repeat(129)).unwrap(),
         );
         assert_eq!(get_or_make(&h).len(), 32);
+    }
+
+    #[test]
+    fn hex_matches_the_formatter() {
+        for v in [0, 1, 0xabc, u64::MAX, 0x0123_4567_89ab_cdef, 1 << 63] {
+            let mut out = [0u8; 16];
+            hex(v, &mut out);
+            assert_eq!(std::str::from_utf8(&out).unwrap(), format!("{v:016x}"));
+        }
     }
 
     #[test]

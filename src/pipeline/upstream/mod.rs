@@ -62,7 +62,8 @@ pub struct Upstream {
 /// What to send upstream, minus the body.
 pub struct Outgoing {
     pub method: Method,
-    pub path_and_query: String,
+    /// Origin form (`/path?query`): hyper writes the target as given.
+    pub target: Uri,
     pub headers: HeaderMap,
 }
 
@@ -125,9 +126,6 @@ impl Upstream {
         body: Incoming,
     ) -> Result<(Response<Streamed>, Arc<str>), ForwardError> {
         let deadline = tokio::time::Instant::now() + self.spec.timeout;
-        // Origin form: hyper writes the URI as given.
-        let uri = Uri::try_from(out.path_and_query)
-            .map_err(|e| ForwardError::Unreachable(e.to_string()))?;
         let slot = Arc::new(Slot {
             body: Mutex::new(Some(body)),
             failed: AtomicBool::new(false),
@@ -150,7 +148,7 @@ impl Upstream {
                 inner: None,
             });
             *req.method_mut() = out.method.clone();
-            *req.uri_mut() = uri.clone();
+            *req.uri_mut() = out.target.clone();
             *req.version_mut() = Version::HTTP_11;
             // The last possible attempt takes the headers; earlier ones (a refused connection
             // is retried on the next target) copy them.

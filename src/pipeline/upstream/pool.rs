@@ -143,6 +143,18 @@ impl Pool {
                 },
             }
         }
+        // Boxed: opening a connection (a TLS handshake's state included) is the rare path, and
+        // inline its future would grow every request's.
+        Box::pin(self.open(target, authority, req)).await
+    }
+
+    /// A new connection to `target`, its task spawned, and `req` sent on it.
+    async fn open(
+        self: &Arc<Self>,
+        target: usize,
+        authority: &Authority,
+        req: Request<ReplayBody>,
+    ) -> Result<Response<Streamed>, SendError> {
         let io = self.connector.connect(authority).await?;
         let (mut send, conn) = http1::Builder::new()
             .handshake(TokioIo::new(io))
