@@ -37,6 +37,8 @@ pub fn sha1_hex(script: &str) -> String {
     fred::util::sha1_hash(script)
 }
 
+use crate::limiter::algo::Params;
+
 /// ARGV entries per key after the two leading ones (see `lua/decide.lua`).
 pub const ARGS_PER_KEY: usize = 9;
 
@@ -47,16 +49,41 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
     a
 }
 
-/// The ARGV of a batch (`lua/decide.lua`, `decide_batch`): `batch`, the request count, then
-/// per request its key count, nonce, commit flag (always 1) and 9 values per limit. The KEYS
-/// are every request's keys, in the same order.
+/// The ARGV of a batch (`lua/decide.lua`, `decide_batch`): `batch`, the request count, the
+/// count of distinct limits and each one's 6 static values once, then per request its key
+/// count, its nonce and 4 values per key (its limit's index from 1, cost, shadow, op). The
+/// KEYS are every request's keys, in the same order. The script checks and reads each limit
+/// once per call, not once per request.
 pub fn batch_argv<'a>(
     requests: impl ExactSizeIterator<Item = (&'a str, &'a [super::LimitCall])>,
 ) -> Vec<String> {
-    let mut a = vec!["batch".to_owned(), requests.len().to_string()];
+    let requests: Vec<_> = requests.collect();
+    let mut specs: Vec<&Params> = Vec::new();
+    let mut index = Vec::new();
+    for c in requests.iter().flat_map(|(_, calls)| calls.iter()) {
+        let i = match specs.iter().position(|p| **p == c.params) {
+            Some(i) => i,
+            None => {
+                specs.push(&c.params);
+                specs.len() - 1
+            }
+        };
+        index.push(i + 1);
+    }
+    let mut a = Vec::with_capacity(3 + 6 * specs.len() + 2 * requests.len() + 4 * index.len());
+    a.extend(["batch".to_owned(), requests.len().to_string()]);
+    a.push(specs.len().to_string());
+    for p in specs {
+        push_spec(&mut a, p);
+    }
+    let mut index = index.into_iter();
     for (nonce, calls) in requests {
         a.push(calls.len().to_string());
-        push_request(&mut a, nonce, true, calls);
+        a.push(nonce.to_owned());
+        for (c, i) in calls.iter().zip(&mut index) {
+            a.push(i.to_string());
+            push_call(&mut a, c);
+        }
     }
     a
 }
@@ -65,20 +92,23 @@ fn push_request(a: &mut Vec<String>, nonce: &str, commit: bool, calls: &[super::
     a.push(nonce.to_owned());
     a.push(if commit { "1" } else { "0" }.to_owned());
     for c in calls {
-        let p = &c.params;
-        a.push(p.script_name().to_owned());
-        for v in [
-            p.limit,
-            p.window_us,
-            p.capacity,
-            p.interval_us,
-            p.unit_us,
-            c.cost,
-            u64::from(c.shadow),
-            c.op as u64,
-        ] {
-            a.push(v.to_string());
-        }
+        push_spec(a, &c.params);
+        push_call(a, c);
+    }
+}
+
+/// A limit's static values: algorithm, N, W, C, I, unit.
+fn push_spec(a: &mut Vec<String>, p: &Params) {
+    a.push(p.script_name().to_owned());
+    for v in [p.limit, p.window_us, p.capacity, p.interval_us, p.unit_us] {
+        a.push(v.to_string());
+    }
+}
+
+/// One key's call on its limit: cost, shadow, op.
+fn push_call(a: &mut Vec<String>, c: &super::LimitCall) {
+    for v in [c.cost, u64::from(c.shadow), c.op as u64] {
+        a.push(v.to_string());
     }
 }
 
