@@ -94,24 +94,32 @@ impl GatewayError {
     /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
     pub fn problem(&self) -> Problem<'_> {
         let status = self.status();
-        let (kind, route, limit, retry_after) = match self {
+        let (kind, route, limit, retry_after, detail) = match self {
             GatewayError::Limited {
                 route,
                 limit,
                 retry_after,
-            } => (
-                QUOTA_EXCEEDED,
-                Some(route.as_ref()),
-                Some(limit.as_ref()),
-                Some(*retry_after),
-            ),
-            _ => ("about:blank", None, None, None),
+            } => {
+                // The Display text, written without the formatter: every 429 carries it.
+                let mut d = Vec::with_capacity(route.len() + limit.len() + 48);
+                d.extend_from_slice(b"rate limit `");
+                d.extend_from_slice(route.as_bytes());
+                d.push(b'/');
+                d.extend_from_slice(limit.as_bytes());
+                d.extend_from_slice(b"` exceeded; retry in ");
+                ratelimit::push_u64(&mut d, *retry_after);
+                d.extend_from_slice(b" s");
+                let d = String::from_utf8(d).expect("built from strs");
+                let (route, limit) = (Some(route.as_ref()), Some(limit.as_ref()));
+                (QUOTA_EXCEEDED, route, limit, Some(*retry_after), d)
+            }
+            _ => ("about:blank", None, None, None, self.to_string()),
         };
         Problem {
             kind,
             title: status.canonical_reason().unwrap_or("Error"),
             status: status.as_u16(),
-            detail: self.to_string(),
+            detail,
             route,
             limit,
             retry_after,
@@ -165,8 +173,7 @@ pub fn problem_with_errors(
 
 /// The one renderer of problem documents.
 fn render(status: StatusCode, doc: &Problem<'_>) -> Response<Body> {
-    let body = serde_json::to_vec(doc).expect("json");
-    let mut res = Response::new(full(Bytes::from(body)));
+    let mut res = Response::new(full(Bytes::from(doc.to_json())));
     *res.status_mut() = status;
     res.headers_mut().insert(
         CONTENT_TYPE,
@@ -177,23 +184,89 @@ fn render(status: StatusCode, doc: &Problem<'_>) -> Response<Body> {
 
 const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
 
-/// An RFC 9457 problem document; serialized directly (no intermediate JSON tree).
-#[derive(Debug, serde::Serialize)]
+/// An RFC 9457 problem document. Absent members are left out.
+#[derive(Debug)]
 pub struct Problem<'a> {
-    #[serde(rename = "type")]
+    /// `type`.
     pub kind: &'static str,
     pub title: &'static str,
     pub status: u16,
     pub detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub route: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after: Option<u64>,
     /// Every config error of a rejected reload (`POST /admin/reload`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub errors: Option<Vec<String>>,
+}
+
+impl Problem<'_> {
+    /// The document as JSON (RFC 8259), written directly rather than through a serializer:
+    /// every 429 renders one, and this is a fixed shape of strings and integers.
+    pub fn to_json(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(192 + self.detail.len());
+        out.extend_from_slice(b"{\"type\":");
+        json_str(&mut out, self.kind);
+        out.extend_from_slice(b",\"title\":");
+        json_str(&mut out, self.title);
+        out.extend_from_slice(b",\"status\":");
+        ratelimit::push_u64(&mut out, u64::from(self.status));
+        out.extend_from_slice(b",\"detail\":");
+        json_str(&mut out, &self.detail);
+        if let Some(route) = self.route {
+            out.extend_from_slice(b",\"route\":");
+            json_str(&mut out, route);
+        }
+        if let Some(limit) = self.limit {
+            out.extend_from_slice(b",\"limit\":");
+            json_str(&mut out, limit);
+        }
+        if let Some(secs) = self.retry_after {
+            out.extend_from_slice(b",\"retry_after\":");
+            ratelimit::push_u64(&mut out, secs);
+        }
+        if let Some(errors) = &self.errors {
+            out.extend_from_slice(b",\"errors\":[");
+            for (i, e) in errors.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                json_str(&mut out, e);
+            }
+            out.push(b']');
+        }
+        out.push(b'}');
+        out
+    }
+}
+
+/// `s` as a JSON string (RFC 8259 §7): `"` and `\` escaped, control characters as `\u00XX`,
+/// everything else (UTF-8 included) as is.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        if b != b'"' && b != b'\\' && b >= 0x20 {
+            continue;
+        }
+        out.extend_from_slice(&bytes[start..i]);
+        match b {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            _ => out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xf)],
+            ]),
+        }
+        start = i + 1;
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
 }
 
 #[cfg(test)]
@@ -236,7 +309,12 @@ mod tests {
             limit: "per-ip".into(),
             retry_after: 12,
         };
-        let p = serde_json::to_value(e.problem()).unwrap();
+        assert_eq!(
+            e.problem().detail,
+            e.to_string(),
+            "the written detail is the Display text"
+        );
+        let p: serde_json::Value = serde_json::from_slice(&e.problem().to_json()).unwrap();
         assert_eq!(
             p["type"],
             "https://iana.org/assignments/http-problem-types#quota-exceeded"
@@ -246,8 +324,44 @@ mod tests {
         assert_eq!(p["route"], "login");
         assert_eq!(p["limit"], "per-ip");
         assert_eq!(p["retry_after"], 12);
+        assert_eq!(
+            p.as_object().unwrap().len(),
+            7,
+            "type, title, status, detail, route, limit, retry_after: {p}"
+        );
         let res = e.into_response(&HeaderValue::from_static("rid"));
         assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(res.headers()[X_REQUEST_ID], "rid");
+    }
+
+    /// Whatever the strings hold, the document parses back to the same values (serde_json as
+    /// the reference parser).
+    #[test]
+    fn problem_json_escapes_what_json_requires() {
+        let nasty = "quote \" backslash \\ newline \n tab \t nul \u{0} bell \u{7} del \u{7f} \u{e9}\u{1f600} </script>";
+        let doc = Problem {
+            kind: "about:blank",
+            title: "Bad Request",
+            status: 400,
+            detail: nasty.to_owned(),
+            route: Some("r\"1"),
+            limit: None,
+            retry_after: Some(u64::MAX),
+            errors: Some(vec![nasty.to_owned(), String::new()]),
+        };
+        let v: serde_json::Value = serde_json::from_slice(&doc.to_json()).unwrap();
+        assert_eq!(v["detail"], nasty);
+        assert_eq!(v["route"], "r\"1");
+        assert_eq!(v["retry_after"], u64::MAX);
+        assert_eq!(v["errors"], serde_json::json!([nasty, ""]));
+        assert!(v.get("limit").is_none());
+        let empty = Problem {
+            errors: None,
+            route: None,
+            retry_after: None,
+            ..doc
+        };
+        let v: serde_json::Value = serde_json::from_slice(&empty.to_json()).unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 4, "{v}");
     }
 }

@@ -91,8 +91,8 @@ pub fn apply(
     }
 }
 
-/// `n` in decimal.
-fn push_u64(out: &mut Vec<u8>, mut n: u64) {
+/// `n` in decimal (what `{n}` formats, without the formatter).
+pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
