@@ -1,6 +1,5 @@
-//! Stage 4 — forward to an upstream: keep-alive connections per target ([`pool`]), driven by
-//! the request's own task, round-robin over targets skipping those that refuse, bodies
-//! streamed both ways.
+//! Stage 4 — forward to an upstream: keep-alive connections per target ([`pool`]),
+//! round-robin over targets skipping those that refuse, bodies streamed both ways.
 
 mod pool;
 
@@ -21,7 +20,7 @@ use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
 pub use pool::Streamed;
-use pool::{Connector, Pool, SendError};
+use pool::{Connector, Dest, Pool, SendError};
 
 use crate::model::table::UpstreamSpec;
 
@@ -43,7 +42,6 @@ pub enum ForwardError {
 }
 
 struct Target {
-    authority: Authority,
     /// `host:port` as logged and counted.
     name: Arc<str>,
     /// The `Host` a request without one is sent with (the port only if not the scheme's).
@@ -67,13 +65,36 @@ pub struct Outgoing {
     pub headers: HeaderMap,
 }
 
-fn host_header(authority: &Authority, tls: bool) -> HeaderValue {
-    let default = if tls { 443 } else { 80 };
-    let host = match authority.port_u16() {
-        Some(p) if p != default => authority.as_str(),
-        _ => authority.host(),
+/// A target's `Target` and its pool `Dest`: the port (the scheme's when none is given), the
+/// `Host` header (the port only if not the scheme's), the TLS name.
+fn target(authority: &Authority, spec: &UpstreamSpec) -> (Target, Dest) {
+    let default = if spec.tls.is_some() { 443 } else { 80 };
+    let port = authority.port_u16().unwrap_or(default);
+    let host_field = if port == default {
+        authority.host()
+    } else {
+        authority.as_str()
     };
-    HeaderValue::from_str(host).expect("an authority is a valid header value")
+    let host = authority
+        .host()
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    // A `server_name` is checked by config; a host that is no valid name fails at connect.
+    let tls_name = match spec.tls.as_ref().and_then(|t| t.server_name.clone()) {
+        Some(name) => ServerName::try_from(name).ok(),
+        None => ServerName::try_from(host.to_owned()).ok(),
+    };
+    let target = Target {
+        name: authority.as_str().into(),
+        host: HeaderValue::from_str(host_field).expect("an authority is a valid header value"),
+        down_until_ms: AtomicU64::new(0),
+    };
+    let dest = Dest {
+        host: host.into(),
+        port,
+        tls_name,
+    };
+    (target, dest)
 }
 
 fn now_ms() -> u64 {
@@ -85,30 +106,16 @@ impl Upstream {
     /// A client with its own connection pool for these settings; `tls` is the loaded client
     /// configuration of an https upstream.
     pub fn new(spec: &UpstreamSpec, tls: Option<Arc<rustls::ClientConfig>>) -> Upstream {
-        let tls = tls.map(|cfg| {
-            // Refused by config when invalid; the target's host is then verified.
-            let name = spec.tls.as_ref().and_then(|t| t.server_name.clone());
-            let name = name.and_then(|n| ServerName::try_from(n).ok());
-            (TlsConnector::from(cfg), name)
-        });
         let connector = Connector {
             connect_timeout: spec.connect_timeout,
-            tls,
+            tls: tls.map(TlsConnector::from),
         };
+        let (targets, dests) = spec.targets.iter().map(|a| target(a, spec)).unzip();
         Upstream {
             spec: spec.clone(),
-            targets: spec
-                .targets
-                .iter()
-                .map(|authority| Target {
-                    authority: authority.clone(),
-                    name: authority.as_str().into(),
-                    host: host_header(authority, spec.tls.is_some()),
-                    down_until_ms: AtomicU64::new(0),
-                })
-                .collect(),
+            targets,
             next: AtomicUsize::new(0),
-            pool: Arc::new(Pool::new(connector, spec.targets.len())),
+            pool: Arc::new(Pool::new(connector, dests)),
         }
     }
 
@@ -161,7 +168,7 @@ impl Upstream {
             req.headers_mut()
                 .entry(HOST)
                 .or_insert_with(|| target.host.clone());
-            let sent = self.pool.send(i, &target.authority, req);
+            let sent = self.pool.send(i, req);
             let err = match tokio::time::timeout_at(deadline, sent).await {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(

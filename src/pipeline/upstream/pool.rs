@@ -20,7 +20,6 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::uri::Authority;
 use http::{Request, Response};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
@@ -54,30 +53,33 @@ pub(super) enum SendError {
 /// How connections to one upstream's targets are opened.
 pub(super) struct Connector {
     pub connect_timeout: Duration,
-    /// For https upstreams: the client configuration and the name to verify instead of the
-    /// target's host, if one is set.
-    pub tls: Option<(TlsConnector, Option<ServerName<'static>>)>,
+    /// For https upstreams.
+    pub tls: Option<TlsConnector>,
+}
+
+/// Where one target's connections go, worked out from its settings once.
+pub(super) struct Dest {
+    /// The host without IPv6 brackets: an IP literal or a name to resolve.
+    pub host: Box<str>,
+    pub port: u16,
+    /// For https: the name the certificate must carry (the upstream's `server_name`, else the
+    /// host); `None` when the host is no valid server name.
+    pub tls_name: Option<ServerName<'static>>,
 }
 
 impl Connector {
-    async fn connect(&self, authority: &Authority) -> Result<Io, SendError> {
-        let host = authority.host();
-        let port = authority
-            .port_u16()
-            .unwrap_or(if self.tls.is_some() { 443 } else { 80 });
-        let tcp = tokio::time::timeout(self.connect_timeout, tcp(host, port))
+    async fn connect(&self, dest: &Dest) -> Result<Io, SendError> {
+        let tcp = tokio::time::timeout(self.connect_timeout, tcp(&dest.host, dest.port))
             .await
             .map_err(|_| SendError::ConnectTimeout)?
             .map_err(SendError::Connect)?;
-        let Some((tls, fixed)) = &self.tls else {
+        let Some(tls) = &self.tls else {
             return Ok(Io::Plain(tcp));
         };
-        let name = match fixed {
-            Some(n) => n.clone(),
-            None => ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']'))
-                .map_err(|e| SendError::Connect(io::Error::new(io::ErrorKind::InvalidInput, e)))?
-                .to_owned(),
-        };
+        let name = dest.tls_name.clone().ok_or_else(|| {
+            let e = format!("{} is not a valid TLS server name", dest.host);
+            SendError::Connect(io::Error::new(io::ErrorKind::InvalidInput, e))
+        })?;
         let stream = tls.connect(name, tcp).await.map_err(SendError::Connect)?;
         Ok(Io::Tls(Box::new(stream)))
     }
@@ -86,8 +88,7 @@ impl Connector {
 /// Connect to `host` (an IP literal, or a name resolved by the system resolver), trying its
 /// addresses in order.
 async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
-    let literal = host.trim_start_matches('[').trim_end_matches(']');
-    let addrs: Vec<SocketAddr> = match literal.parse::<IpAddr>() {
+    let addrs: Vec<SocketAddr> = match host.parse::<IpAddr>() {
         Ok(ip) => vec![SocketAddr::new(ip, port)],
         Err(_) => tokio::net::lookup_host((host, port)).await?.collect(),
     };
@@ -104,10 +105,10 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
     Err(last)
 }
 
-/// The idle connections of each target of one upstream (by target index).
+/// The targets of one upstream (by index): where each one's connections go, and its idle ones.
 pub(super) struct Pool {
     connector: Connector,
-    idle: Vec<Mutex<Vec<Idle>>>,
+    targets: Vec<(Dest, Mutex<Vec<Idle>>)>,
 }
 
 struct Idle {
@@ -116,10 +117,10 @@ struct Idle {
 }
 
 impl Pool {
-    pub(super) fn new(connector: Connector, targets: usize) -> Pool {
+    pub(super) fn new(connector: Connector, dests: Vec<Dest>) -> Pool {
         Pool {
             connector,
-            idle: (0..targets).map(|_| Mutex::new(Vec::new())).collect(),
+            targets: dests.into_iter().map(|d| (d, Mutex::default())).collect(),
         }
     }
 
@@ -130,7 +131,6 @@ impl Pool {
     pub(super) async fn send(
         self: &Arc<Self>,
         target: usize,
-        authority: &Authority,
         mut req: Request<ReplayBody>,
     ) -> Result<Response<Streamed>, SendError> {
         while let Some(mut send) = self.checkout(target) {
@@ -145,17 +145,16 @@ impl Pool {
         }
         // Boxed: opening a connection (a TLS handshake's state included) is the rare path, and
         // inline its future would grow every request's.
-        Box::pin(self.open(target, authority, req)).await
+        Box::pin(self.open(target, req)).await
     }
 
     /// A new connection to `target`, its task spawned, and `req` sent on it.
     async fn open(
         self: &Arc<Self>,
         target: usize,
-        authority: &Authority,
         req: Request<ReplayBody>,
     ) -> Result<Response<Streamed>, SendError> {
-        let io = self.connector.connect(authority).await?;
+        let io = self.connector.connect(&self.targets[target].0).await?;
         let (mut send, conn) = http1::Builder::new()
             .handshake(TokioIo::new(io))
             .await
@@ -170,7 +169,7 @@ impl Pool {
     /// The most recently used connection of `target` that is ready for a request, dropping
     /// those that are not (and those idle longer than [`IDLE_TIMEOUT`]).
     fn checkout(&self, target: usize) -> Option<SendRequest<ReplayBody>> {
-        let mut list = self.idle[target].lock();
+        let mut list = self.targets[target].1.lock();
         prune(&mut list, Instant::now());
         while let Some(idle) = list.pop() {
             if idle.send.is_ready() {
@@ -236,7 +235,7 @@ impl Drop for Streamed {
             return;
         }
         let now = Instant::now();
-        let mut list = lent.pool.idle[lent.target].lock();
+        let mut list = lent.pool.targets[lent.target].1.lock();
         prune(&mut list, now);
         list.push(Idle {
             send: lent.send,
