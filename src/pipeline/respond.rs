@@ -26,7 +26,7 @@ pub enum GatewayError {
     /// A `consumers: required` route, and the request's API key is missing or nobody's.
     #[error("{}", if *key_present { "this API key belongs to no consumer" } else { "this route needs an API key" })]
     UnknownConsumer { key_present: bool },
-    #[error("rate limit `{route}/{limit}` exceeded; retry in {retry_after} s")]
+    #[error("{}", limited_detail(.route, .limit, *.retry_after))]
     Limited {
         route: Arc<str>,
         limit: Arc<str>,
@@ -100,16 +100,8 @@ impl GatewayError {
                 limit,
                 retry_after,
             } => {
-                // The Display text, written without the formatter: every 429 carries it.
-                let mut d = Vec::with_capacity(route.len() + limit.len() + 48);
-                d.extend_from_slice(b"rate limit `");
-                d.extend_from_slice(route.as_bytes());
-                d.push(b'/');
-                d.extend_from_slice(limit.as_bytes());
-                d.extend_from_slice(b"` exceeded; retry in ");
-                ratelimit::push_u64(&mut d, *retry_after);
-                d.extend_from_slice(b" s");
-                let d = String::from_utf8(d).expect("built from strs");
+                // Its Display text, without going through the formatter.
+                let d = limited_detail(route, limit, *retry_after);
                 let (route, limit) = (Some(route.as_ref()), Some(limit.as_ref()));
                 (QUOTA_EXCEEDED, route, limit, Some(*retry_after), d)
             }
@@ -144,6 +136,26 @@ impl GatewayError {
         }
         res
     }
+}
+
+/// A 429's detail: "rate limit `<route>/<limit>` exceeded; retry in <secs> s" (its Display
+/// text too), built by hand: every refusal renders it.
+fn limited_detail(route: &str, limit: &str, secs: u64) -> String {
+    let mut buf = [0; 20];
+    let secs = ratelimit::decimal(secs, &mut buf);
+    let mut d = String::with_capacity(route.len() + limit.len() + secs.len() + 36);
+    for part in [
+        "rate limit `",
+        route,
+        "/",
+        limit,
+        "` exceeded; retry in ",
+        secs,
+        " s",
+    ] {
+        d.push_str(part);
+    }
+    d
 }
 
 /// An `about:blank` problem (RFC 9457 §4.2.1) with this status and detail: the admin API's
@@ -313,6 +325,10 @@ mod tests {
             e.problem().detail,
             e.to_string(),
             "the written detail is the Display text"
+        );
+        assert_eq!(
+            e.to_string(),
+            "rate limit `login/per-ip` exceeded; retry in 12 s"
         );
         let p: serde_json::Value = serde_json::from_slice(&e.problem().to_json()).unwrap();
         assert_eq!(

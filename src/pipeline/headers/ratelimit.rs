@@ -91,19 +91,24 @@ pub fn apply(
     }
 }
 
-/// `n` in decimal (what `{n}` formats, without the formatter).
-pub fn push_u64(out: &mut Vec<u8>, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
+/// `n` in decimal, written into `buf` (what `{n}` formats, without the formatter: the
+/// `RateLimit` field and every 429 carry numbers).
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+    let mut i = buf.len();
     loop {
         i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
+        buf[i] = b'0' + (n % 10) as u8;
         n /= 10;
         if n == 0 {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
+    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
+}
+
+/// `n` in decimal, appended to `out`.
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    out.extend_from_slice(decimal(n, &mut [0; 20]).as_bytes());
 }
 
 pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
