@@ -62,14 +62,6 @@ local function call_at(s, j)
   }
 end
 
--- Note KEYS[k] for the call's prefetch when its limit `s` keeps string state (lib.lua).
-local function wanted(want, k, s)
-  if s ~= nil and FIELDS[s.algorithm] ~= nil then
-    want.keys[#want.keys + 1] = KEYS[k]
-    want.algorithms[#want.algorithms + 1] = s.algorithm
-  end
-end
-
 -- One limit, as src/limiter/algo/mod.rs `run` does it.
 local function one(now, key, i, p, write, nonce)
   local algo = ALGO[p.algorithm]
@@ -123,9 +115,6 @@ local function decide_all(now, extra_args)
     local b = 2 + PER_KEY * (i - 1)
     calls[i] = call_at(spec_at(b + 1, now), b + 1 + PER_SPEC)
   end
-  local want = {keys = {}, algorithms = {}}
-  for i, c in ipairs(calls) do wanted(want, i, c) end
-  prefetch(want.keys, want.algorithms)
   return request(now, 0, calls, ARGV[1], commit)
 end
 
@@ -168,13 +157,6 @@ local function decide_batch(now, extra_args)
   if k ~= #KEYS or a ~= #ARGV - extra_args then
     return redis.error_reply('sluice: batch does not match its KEYS and ARGV')
   end
-  -- Every request's string state in one read (a bad index is its request's error, later).
-  local want = {keys = {}, algorithms = {}}
-  for _, span in ipairs(spans) do
-    local k0, n, a0 = span[1], span[2], span[3]
-    for i = 1, n do wanted(want, k0 + i, specs[int(ARGV[a0 + 4 * i - 3])]) end
-  end
-  prefetch(want.keys, want.algorithms)
   local out = {}
   for r, span in ipairs(spans) do
     local ok, res = pcall(batch_request, now, span[1], span[2], span[3], specs)

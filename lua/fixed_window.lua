@@ -1,6 +1,6 @@
 -- fixed_window: window k = floor(now / W), epoch-aligned; admit iff count + cost <= N.
 -- fixed_month: the same over UTC calendar months (`N/month`): k = year * 12 + month - 1.
--- State: 'w:n' (window index, count). Twin of src/limiter/algo/fixed_window.rs, and
+-- State: hash {w = window index, n = count}. Twin of src/limiter/algo/fixed_window.rs, and
 -- the month arithmetic of src/limiter/algo/calendar.rs.
 local DAY_US = 86400000000
 
@@ -30,7 +30,8 @@ end
 
 local function fixed(key, p, now, cost, commit, k, to_end)
   local n = p.limit
-  local sw, sc = state(key, p.algorithm)
+  local s = redis.call('HMGET', key, 'w', 'n')
+  local sw, sc = int(s[1]), int(s[2])
   local count = 0
   -- Any other window (older, or future after a clock step back) counts nothing.
   if sw ~= nil and sc ~= nil and sw == k then count = sc end
@@ -42,7 +43,8 @@ local function fixed(key, p, now, cost, commit, k, to_end)
   -- The next window starts empty and cost <= N, so it passes exactly then.
   if cost > remaining then return 1, n, remaining, to_end, reset end
   if commit then
-    put(key, string.format('%d:%d', k, count + cost), to_end)
+    redis.call('HSET', key, 'w', fmt(k), 'n', fmt(count + cost))
+    expire_us(key, to_end)
   end
   return 0, n, remaining - cost, 0, to_end
 end

@@ -4,7 +4,7 @@
 -- A charge after the answer may push the TAT up to 2·C·I ahead (debt waited out).
 
 local function gcra_debt(key, p, now)
-  local tat = state(key, 'gcra')
+  local tat = int(redis.call('GET', key))
   -- A TAT more than 2·C·I ahead cannot come from these rules: it reads as fresh.
   if tat ~= nil and tat > now and tat - now <= 2 * p.capacity * p.interval then
     return tat - now
@@ -22,7 +22,7 @@ ALGO.gcra = function(key, p, now, cost, commit)
   local debt2 = debt + cost * i
   if debt2 > full then return 1, c, remaining, debt2 - full, debt end
   if commit then
-    put(key, fmt(now + debt2), debt2)
+    redis.call('SET', key, fmt(now + debt2), 'PX', fmt(idiv(debt2 + 999, 1000)))
   end
   return 0, c, idiv(full - debt2, i), 0, debt2
 end
@@ -31,6 +31,6 @@ end
 CHARGE.gcra = function(key, p, now, cost)
   local c, i = p.capacity, p.interval
   local debt2 = math.min(gcra_debt(key, p, now) + cost * i, 2 * c * i)
-  put(key, fmt(now + debt2), debt2)
+  redis.call('SET', key, fmt(now + debt2), 'PX', fmt(idiv(debt2 + 999, 1000)))
   return 0, c, idiv(math.max(c * i - debt2, 0), i), 0, debt2
 end

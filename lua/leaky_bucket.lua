@@ -1,13 +1,14 @@
 -- leaky_bucket (the seeds' funnel, policing form): level L leaks one unit per I µs,
 -- remainder carried; leak first, then admit iff L + cost <= C, in this one script (the
 -- seeds' separate "make space" and "watering" calls race). A missing key is empty.
--- State: 'l:t' (level, µs at which l was valid). Twin of src/algo/leaky_bucket.rs.
+-- State: hash {l = level, t = µs at which l was valid}. Twin of src/algo/leaky_bucket.rs.
 -- A charge after the answer may fill it past C, up to 2C: debt later requests wait out.
 
 -- The level at now: (level, t) with t <= now.
 local function leak(key, p, now)
   local c, i = p.capacity, p.interval
-  local sl, st = state(key, 'leaky_bucket')
+  local s = redis.call('HMGET', key, 'l', 't')
+  local sl, st = int(s[1]), int(s[2])
   local l, t = 0, now
   -- A t after now (corruption, clock stepped back) reads as fresh, i.e. empty.
   if sl ~= nil and st ~= nil and st <= now then
@@ -33,7 +34,8 @@ ALGO.leaky_bucket = function(key, p, now, cost, commit)
   if l + cost > c then return 1, c, left, after(l + cost - c), after(l) end
   local level = l + cost
   if commit then
-    put(key, string.format('%d:%d', level, t), after(level))
+    redis.call('HSET', key, 'l', fmt(level), 't', fmt(t))
+    expire_us(key, after(level))
   end
   return 0, c, c - level, 0, after(level)
 end
@@ -45,7 +47,8 @@ CHARGE.leaky_bucket = function(key, p, now, cost)
   if l + cost <= c then return ALGO.leaky_bucket(key, p, now, cost, true) end
   local level = l + cost
   if t + level * i > now + 2 * c * i then level, t = 2 * c, now end
+  redis.call('HSET', key, 'l', fmt(level), 't', fmt(t))
   local reset = t + level * i - now
-  put(key, string.format('%d:%d', level, t), reset)
+  expire_us(key, reset)
   return 0, c, 0, 0, reset
 end

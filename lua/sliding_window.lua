@@ -2,13 +2,14 @@
 -- windows, the previous one weighing what is left of it, in units of u µs (1, or 1000 when
 -- N·W would pass 2^53): with Wu = W / u, eu = floor(e / u), admit iff
 -- prev·(Wu − eu) + (cur + cost)·Wu <= N·Wu. Only admitted units count.
--- State: 'w:c:p' (window index, current count, previous count).
+-- State: hash {w = window index, c = current count, p = previous count}.
 -- Twin of src/algo/sliding_window.rs (its doc derives retry and reset).
 ALGO.sliding_window = function(key, p, now, cost, commit)
   local n, w, u = p.limit, p.window, p.unit
   local k = idiv(now, w)
   local e = now - k * w
-  local sw, sc, sp = state(key, 'sliding_window')
+  local s = redis.call('HMGET', key, 'w', 'c', 'p')
+  local sw, sc, sp = int(s[1]), int(s[2]), int(s[3])
   local cur, prev = 0, 0
   if sw ~= nil and sc ~= nil and sp ~= nil then
     if sw == k then
@@ -41,7 +42,8 @@ ALGO.sliding_window = function(key, p, now, cost, commit)
     return 1, n, remaining, retry, reset(cur)
   end
   if commit then
-    put(key, string.format('%d:%d:%d', k, cur + cost, prev), 2 * w - e)
+    redis.call('HSET', key, 'w', fmt(k), 'c', fmt(cur + cost), 'p', fmt(prev))
+    expire_us(key, 2 * w - e)
   end
   return 0, n, remaining - cost, 0, reset(cur + cost)
 end

@@ -1,12 +1,13 @@
 -- token_bucket: capacity C, one token per I µs, remainder carried (t only moves by whole I
 -- while not full); admit iff tokens >= cost. A missing key is a full bucket.
--- State: 'n:t' (tokens, µs at which n was valid). Twin of src/algo/token_bucket.rs.
+-- State: hash {n = tokens, t = µs at which n was valid}. Twin of src/algo/token_bucket.rs.
 -- A charge after the answer may leave debt: n = 0 until a t at most C·I ahead.
 
 -- The bucket at now: (tokens, t), t <= now, or (0, t) in debt with now < t <= now + C·I.
 local function token_refill(key, p, now)
   local c, i = p.capacity, p.interval
-  local sn, st = state(key, 'token_bucket')
+  local s = redis.call('HMGET', key, 'n', 't')
+  local sn, st = int(s[1]), int(s[2])
   local n, t = c, now
   -- Any other t after now (corruption, clock stepped back) reads as fresh, i.e. full.
   if sn == 0 and st ~= nil and st > now and st - now <= c * i then
@@ -33,7 +34,8 @@ ALGO.token_bucket = function(key, p, now, cost, commit)
   if cost > n then return 1, c, n, after(cost - n), after(c - n) end
   local left = n - cost
   if commit then
-    put(key, string.format('%d:%d', left, t), after(c - left))
+    redis.call('HSET', key, 'n', fmt(left), 't', fmt(t))
+    expire_us(key, after(c - left))
   end
   return 0, c, left, 0, after(c - left)
 end
@@ -44,7 +46,8 @@ CHARGE.token_bucket = function(key, p, now, cost)
   local n, t = token_refill(key, p, now)
   if cost <= n then return ALGO.token_bucket(key, p, now, cost, true) end
   t = math.min(t + (cost - n) * i, now + c * i)
+  redis.call('HSET', key, 'n', '0', 't', fmt(t))
   local reset = t + c * i - now
-  put(key, '0:' .. fmt(t), reset)
+  expire_us(key, reset)
   return 0, c, 0, 0, reset
 end

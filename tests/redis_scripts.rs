@@ -425,100 +425,33 @@ fn garbage_and_old_state_never_admit_more_than_capacity() {
         let p = params(a, c, 3600 * S, None);
         for (i, x) in values.iter().enumerate() {
             for (j, y) in values.iter().enumerate() {
-                // Each string state as written today, and as sluice 0.1 wrote it (a hash).
-                let fields: &[&str] = match a {
-                    Algorithm::Concurrency => unreachable!("not a rate algorithm"),
-                    Algorithm::FixedWindow => &["w", x, "n", y],
-                    Algorithm::SlidingWindow => &["w", x, "c", y, "p", y],
-                    Algorithm::TokenBucket => &["n", x, "t", y],
-                    Algorithm::LeakyBucket => &["l", x, "t", y],
-                    Algorithm::Gcra => &["tat", x],
-                    Algorithm::SlidingLog => &[],
-                };
                 let key = format!("g:{}:{i}:{j}", a.name());
-                let mut keys = vec![key.clone()];
-                if a == Algorithm::SlidingLog {
-                    let score = x.parse::<f64>().unwrap_or(-1.0).to_string();
-                    conn.cmd_ok(&["ZADD", &key, &score, y, &future, "f"]);
-                } else {
-                    let joined: Vec<&str> = fields.iter().skip(1).step_by(2).copied().collect();
-                    conn.cmd_ok(&["SET", &key, &joined.join(":")]);
-                    if a != Algorithm::Gcra {
-                        let hash = format!("{key}:hash");
-                        let mut cmd = vec!["HSET", hash.as_str()];
-                        cmd.extend(fields);
-                        conn.cmd_ok(&cmd);
-                        keys.push(hash);
+                match a {
+                    Algorithm::Concurrency => unreachable!("not a rate algorithm"),
+                    Algorithm::FixedWindow => conn.cmd_ok(&["HSET", &key, "w", x, "n", y]),
+                    Algorithm::SlidingWindow => {
+                        conn.cmd_ok(&["HSET", &key, "w", x, "c", y, "p", y])
                     }
-                }
-                for key in keys {
-                    seeded += 1;
-                    let admitted = (0..20)
-                        .filter(|_| lua.at(&limit(&key, p, 1), now).code == Code::Allowed)
-                        .count() as u64;
-                    assert!(
-                        admitted <= c,
-                        "{a:?} seeded {key} {x:?}/{y:?}: {admitted} admitted"
-                    );
-                }
+                    Algorithm::TokenBucket => conn.cmd_ok(&["HSET", &key, "n", x, "t", y]),
+                    Algorithm::LeakyBucket => conn.cmd_ok(&["HSET", &key, "l", x, "t", y]),
+                    Algorithm::Gcra => conn.cmd_ok(&["SET", &key, x]),
+                    Algorithm::SlidingLog => {
+                        let score = x.parse::<f64>().unwrap_or(-1.0).to_string();
+                        conn.cmd_ok(&["ZADD", &key, &score, y, &future, "f"])
+                    }
+                };
+                seeded += 1;
+                let admitted = (0..20)
+                    .filter(|_| lua.at(&limit(&key, p, 1), now).code == Code::Allowed)
+                    .count() as u64;
+                assert!(
+                    admitted <= c,
+                    "{a:?} seeded {x:?}/{y:?}: {admitted} admitted"
+                );
             }
         }
     }
-    // Six algorithms as written today, four of them also as hashes.
-    assert_eq!(seeded, 10 * values.len() * values.len());
-}
-
-/// Sluice 0.1 kept the state of five algorithms in a hash; 0.2 keeps one string per key. An
-/// upgrade must not hand out a fresh quota: an old hash is read as it was, and the next
-/// admission rewrites it as a string.
-#[test]
-fn state_kept_as_a_hash_by_sluice_0_1_is_read_as_it_was() {
-    let redis = RedisServer::start();
-    let mut lua = Lua::pinned(redis.conn());
-    let mut conn = redis.conn();
-    let (c, w) = (4, 3600 * S);
-    let now = T0 + 123_456;
-    let month = Params::monthly(c).unwrap();
-    // Per limit, a hash holding c - 1 of its c units: exactly one more is admitted.
-    let k = (now / w).to_string();
-    let m = (2023 * 12 + 10).to_string(); // T0 is in November 2023
-    let at = now.to_string();
-    let cases: Vec<(Params, Vec<&str>)> = vec![
-        (
-            params(Algorithm::FixedWindow, c, w, None),
-            vec!["w", &k, "n", "3"],
-        ),
-        (month, vec!["w", &m, "n", "3"]),
-        (
-            params(Algorithm::SlidingWindow, c, w, None),
-            vec!["w", &k, "c", "3", "p", "0"],
-        ),
-        (
-            params(Algorithm::TokenBucket, c, w, None),
-            vec!["n", "1", "t", &at],
-        ),
-        (
-            params(Algorithm::LeakyBucket, c, w, None),
-            vec!["l", "3", "t", &at],
-        ),
-    ];
-    for (p, fields) in cases {
-        let key = format!("old:{}", p.script_name());
-        let mut cmd = vec!["HSET", key.as_str()];
-        cmd.extend(&fields);
-        conn.cmd_ok(&cmd);
-        conn.cmd_ok(&["PEXPIRE", &key, "3600000"]);
-        let codes: Vec<Code> = (0..3)
-            .map(|_| lua.at(&limit(&key, p, 1), now).code)
-            .collect();
-        let name = p.script_name();
-        assert_eq!(
-            codes,
-            [Code::Allowed, Code::Limited, Code::Limited],
-            "{name}"
-        );
-        assert_eq!(conn.cmd_ok(&["TYPE", &key]).as_str(), "string", "{name}");
-    }
+    assert_eq!(seeded, 6 * values.len() * values.len());
 }
 
 #[test]
