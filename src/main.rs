@@ -82,17 +82,10 @@ fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
     let Some(loaded) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    let workers = loaded.boot.workers;
-    let rt = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .enable_all()
-            .build()
-    };
+    // The first worker; `runtime::app::run` starts the others, one thread each.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
     let rt = match rt {
         Ok(rt) => rt,
         Err(e) => {

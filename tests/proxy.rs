@@ -207,7 +207,8 @@ async fn round_robin_over_live_targets() {
 #[tokio::test]
 async fn upstream_connections_are_reused_until_closed() {
     let up = Upstream::start();
-    let s = Sluice::start(&plain(&up));
+    // One worker: each worker keeps its own connections (see the next test).
+    let s = Sluice::start(&format!("workers: 1\n{}", plain(&up)));
     let c = client();
     for i in 0..20 {
         let r = get(&c, &s.url(&format!("/seq/{i}")), &[]).await;
@@ -248,6 +249,58 @@ async fn upstream_connections_are_reused_until_closed() {
         "the second burst reuses the first's"
     );
     assert_eq!(up.hits(), 20 + 1 + 5 + 16);
+}
+
+/// `workers: 3` is three threads serving the same port; many client connections at once are
+/// all answered, each on a worker that keeps its upstream connections, and SIGTERM drains
+/// every worker's requests in flight.
+#[tokio::test]
+async fn every_worker_serves_and_drains() {
+    let up = Upstream::start();
+    let mut s = Sluice::start(&format!("workers: 3\n{}", plain(&up)));
+    let threads: Vec<String> = std::fs::read_dir(format!("/proc/{}/task", s.pid()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .collect();
+    let workers = threads
+        .iter()
+        .filter(|n| n.starts_with("sluice-worker-"))
+        .count();
+    assert_eq!(workers, 2, "the first worker and two more: {threads:?}");
+
+    // 24 clients, each on its own connection, 3 requests in a row, all at once.
+    let rounds = futures_util::future::join_all((0..24).map(|i| {
+        let url = s.url(&format!("/w/{i}?ms=50"));
+        async move {
+            let c = client();
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                statuses.push(get(&c, &url, &[]).await.status);
+            }
+            statuses
+        }
+    }))
+    .await;
+    assert!(rounds.iter().flatten().all(|&st| st == 200), "{rounds:?}");
+    assert_eq!(up.hits(), 72);
+    // Held concurrently, 24 requests need 24 upstream connections at most; kept alive and
+    // reused by the second and third requests of each client.
+    let conns = up.conns();
+    assert!((1..=24).contains(&conns), "{conns} upstream connections");
+
+    // Requests in flight on every worker finish when SIGTERM arrives.
+    let slow = futures_util::future::join_all((0..12).map(|i| {
+        let url = s.url(&format!("/slow?ms=400&i={i}"));
+        async move { get(&client(), &url, &[]).await.status }
+    }));
+    let term = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        s.signal("TERM");
+    };
+    let (statuses, ()) = tokio::join!(slow, term);
+    assert_eq!(statuses, vec![200; 12]);
+    let status = s.stop();
+    assert!(status.success(), "{status:?}");
 }
 
 #[tokio::test]

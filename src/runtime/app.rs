@@ -160,23 +160,24 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         }
     });
 
-    let data_tasks: Vec<_> = data
-        .into_iter()
-        .map(|(socket, accept)| {
-            let g = gw.clone();
-            tokio::spawn(server::serve(
-                socket,
-                accept,
-                move |req, conn| {
-                    let g = g.clone();
-                    async move { g.handle(req, conn).await }
-                },
-                header_timeout,
-                stop_rx.clone(),
-                drain,
-            ))
-        })
-        .collect();
+    // Workers 2..N serve clones of the same listening sockets on threads of their own.
+    let serving = Serving {
+        gw: gw.clone(),
+        header_timeout,
+        drain,
+        stop: stop_rx.clone(),
+    };
+    let mut others = Vec::new();
+    for index in 1..gw.boot.workers {
+        match clone_listeners(&data).and_then(|l| serving.clone().spawn_worker(index, l)) {
+            Ok(done) => others.push(done),
+            Err(e) => {
+                tracing::error!(worker = index, error = %e, "cannot start a worker");
+                return 1;
+            }
+        }
+    }
+    let data_tasks = serving.serve(data);
     drop(stop_rx);
 
     shutdown.await;
@@ -188,9 +189,90 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     for t in data_tasks {
         let _ = t.await;
     }
+    for done in others {
+        let _ = done.await;
+    }
     let _ = admin_task.await;
     tracing::info!("bye");
     0
+}
+
+/// What each worker needs to serve the data listeners.
+#[derive(Clone)]
+struct Serving {
+    gw: Arc<Runtime>,
+    header_timeout: Duration,
+    drain: Duration,
+    stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Serving {
+    /// Serve every listener on the current runtime until `stop` flips and they have drained.
+    fn serve(self, data: Vec<(TcpListener, server::Accept)>) -> Vec<tokio::task::JoinHandle<()>> {
+        data.into_iter()
+            .map(|(socket, accept)| {
+                let g = self.gw.clone();
+                tokio::spawn(server::serve(
+                    socket,
+                    accept,
+                    move |req, conn| {
+                        let g = g.clone();
+                        async move { g.handle(req, conn).await }
+                    },
+                    self.header_timeout,
+                    self.stop.clone(),
+                    self.drain,
+                ))
+            })
+            .collect()
+    }
+
+    /// Worker `index` (from 1): a thread running a single-threaded runtime of its own that
+    /// serves `listeners` (clones of the first worker's sockets: every worker accepts from the
+    /// same queue, as nginx's workers do without `reuseport`). Everything else (admin, reload,
+    /// the store's connections) stays on the first worker. The receiver completes when it has
+    /// drained.
+    fn spawn_worker(
+        self,
+        index: usize,
+        listeners: Vec<(std::net::TcpListener, server::Accept)>,
+    ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("sluice-worker-{index}"))
+            .spawn(move || {
+                crate::pipeline::upstream::set_worker(index);
+                rt.block_on(async move {
+                    let mut data = Vec::with_capacity(listeners.len());
+                    for (l, accept) in listeners {
+                        match TcpListener::from_std(l) {
+                            Ok(l) => data.push((l, accept)),
+                            Err(e) => tracing::error!(worker = index, error = %e, "cannot serve"),
+                        }
+                    }
+                    for t in self.serve(data) {
+                        let _ = t.await;
+                    }
+                });
+                let _ = done.send(());
+            })?;
+        Ok(finished)
+    }
+}
+
+/// Each data listener's socket again (same accept queue), for another worker's runtime.
+fn clone_listeners(
+    data: &[(TcpListener, server::Accept)],
+) -> std::io::Result<Vec<(std::net::TcpListener, server::Accept)>> {
+    data.iter()
+        .map(|(l, accept)| {
+            let fd = std::os::fd::AsFd::as_fd(l).try_clone_to_owned()?;
+            Ok((std::net::TcpListener::from(fd), accept.clone()))
+        })
+        .collect()
 }
 
 /// Install the SIGTERM/SIGINT handlers now; the returned future ends at the first signal.

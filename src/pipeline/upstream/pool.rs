@@ -11,6 +11,10 @@
 //! Driving the connection from the request's own task instead of a spawned one was measured
 //! too, and dropped: 0.83× (one task then interleaves the client's and the upstream's reads
 //! and writes, where spawned connection tasks batch the upstream writes of a scheduler tick).
+//!
+//! With several workers (one single-threaded runtime per thread, `runtime::app`), a
+//! connection's task runs on the worker that opened it, and only that worker's requests
+//! reuse it: a request and its upstream I/O stay on one thread, as in nginx's workers.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -33,6 +37,21 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::ReplayBody;
+
+thread_local! {
+    /// The worker this thread serves (0 unless [`set_worker`] said otherwise).
+    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Mark this thread as worker `index`: idle connections are reused by the worker that opened
+/// them. Called once by each worker thread before it serves.
+pub fn set_worker(index: usize) {
+    WORKER.with(|w| w.set(index));
+}
+
+fn worker() -> usize {
+    WORKER.with(|w| w.get())
+}
 
 /// How long an unused connection is kept (hyper-util's default, kept when the gateway moved
 /// to its own pool). Older ones are closed when their target's list is next touched.
@@ -114,6 +133,8 @@ pub(super) struct Pool {
 struct Idle {
     send: SendRequest<ReplayBody>,
     since: Instant,
+    /// The worker whose runtime drives the connection.
+    worker: usize,
 }
 
 impl Pool {
@@ -166,12 +187,14 @@ impl Pool {
         }
     }
 
-    /// The most recently used connection of `target` that is ready for a request, dropping
-    /// those that are not (and those idle longer than [`IDLE_TIMEOUT`]).
+    /// This worker's most recently used connection of `target` that is ready for a request,
+    /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`]).
     fn checkout(&self, target: usize) -> Option<SendRequest<ReplayBody>> {
+        let me = worker();
         let mut list = self.targets[target].1.lock();
         prune(&mut list, Instant::now());
-        while let Some(idle) = list.pop() {
+        while let Some(i) = list.iter().rposition(|idle| idle.worker == me) {
+            let idle = list.remove(i);
             if idle.send.is_ready() {
                 return Some(idle.send);
             }
@@ -190,6 +213,7 @@ impl Pool {
             pool: self.clone(),
             target,
             send,
+            worker: worker(),
         });
         res.map(|body| Streamed { body, lent })
     }
@@ -205,6 +229,7 @@ struct Lent {
     pool: Arc<Pool>,
     target: usize,
     send: SendRequest<ReplayBody>,
+    worker: usize,
 }
 
 impl HttpBody for Streamed {
@@ -240,6 +265,7 @@ impl Drop for Streamed {
         list.push(Idle {
             send: lent.send,
             since: now,
+            worker: lent.worker,
         });
     }
 }
