@@ -31,13 +31,14 @@ pub struct Live {
 impl Live {
     /// Resolve `table`'s runtime resources, taking over `previous`'s upstream clients where
     /// the settings are equal. `tls` holds the loaded client configuration of each https
-    /// upstream, by index of [`Table::upstreams`].
+    /// upstream, by index of [`Table::upstreams`]; `workers` is the process's worker count.
     pub fn new(
         table: Table,
         file: File,
         tls: &[Option<Arc<rustls::ClientConfig>>],
         previous: Option<&Live>,
         metrics: &Metrics,
+        workers: usize,
     ) -> Live {
         let upstreams = table
             .upstreams
@@ -47,7 +48,10 @@ impl Live {
                 previous
                     .and_then(|p| p.upstreams.iter().find(|u| u.spec() == spec))
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(Upstream::new(spec, tls.get(i).cloned().flatten())))
+                    .unwrap_or_else(|| {
+                        let tls = tls.get(i).cloned().flatten();
+                        Arc::new(Upstream::new(spec, tls, workers))
+                    })
             })
             .collect();
         let routes = table.routes.iter().map(|r| metrics.route(r)).collect();

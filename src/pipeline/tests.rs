@@ -34,7 +34,7 @@ fn loaded(on_error: &str, limits: &[&str]) -> Loaded {
 }
 
 fn live_of(l: Loaded, metrics: &Metrics) -> Live {
-    Live::new(l.table, l.file, &l.tls.upstreams, None, metrics)
+    Live::new(l.table, l.file, &l.tls.upstreams, None, metrics, 1)
 }
 
 fn memory() -> Store {

@@ -52,7 +52,7 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         (matches!(store, Store::Redis(_)) && boot.store.redis.deny_cache).then(DenyCache::default);
     let metrics = Metrics::new();
     metrics.set_config_version(None, &table.version);
-    let live = Live::new(table, file, &tls.upstreams, None, &metrics);
+    let live = Live::new(table, file, &tls.upstreams, None, &metrics, boot.workers);
     let gateway = Gateway {
         live: ArcSwap::from_pointee(live),
         store_metrics: metrics.store(store.label()),

@@ -168,6 +168,7 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         &tls.upstreams,
         Some(&old_live),
         &gw.metrics,
+        gw.boot.workers,
     )));
     // New handshakes get the new certificates; open connections keep theirs. A listener is
     // matched by address (one whose TLS was switched on or off waits for a restart).

@@ -103,9 +103,13 @@ fn now_ms() -> u64 {
 }
 
 impl Upstream {
-    /// A client with its own connection pool for these settings; `tls` is the loaded client
-    /// configuration of an https upstream.
-    pub fn new(spec: &UpstreamSpec, tls: Option<Arc<rustls::ClientConfig>>) -> Upstream {
+    /// A client with its own connection pool for these settings (idle connections kept per
+    /// worker, of `workers`); `tls` is the loaded client configuration of an https upstream.
+    pub fn new(
+        spec: &UpstreamSpec,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        workers: usize,
+    ) -> Upstream {
         let connector = Connector {
             connect_timeout: spec.connect_timeout,
             tls: tls.map(TlsConnector::from),
@@ -115,7 +119,7 @@ impl Upstream {
             spec: spec.clone(),
             targets,
             next: AtomicUsize::new(0),
-            pool: Arc::new(Pool::new(connector, dests)),
+            pool: Arc::new(Pool::new(connector, dests, workers)),
         }
     }
 

@@ -13,8 +13,9 @@
 //! and writes, where spawned connection tasks batch the upstream writes of a scheduler tick).
 //!
 //! With several workers (one single-threaded runtime per thread, `runtime::app`), a
-//! connection's task runs on the worker that opened it, and only that worker's requests
-//! reuse it: a request and its upstream I/O stay on one thread, as in nginx's workers.
+//! connection's task runs on the worker that opened it, and each worker has idle lists of its
+//! own: a request and its upstream I/O stay on one thread, as in nginx's workers, and no lock
+//! is shared between workers.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -124,25 +125,34 @@ async fn tcp(host: &str, port: u16) -> io::Result<TcpStream> {
     Err(last)
 }
 
-/// The targets of one upstream (by index): where each one's connections go, and its idle ones.
+/// The targets of one upstream (by index): where each one's connections go, and each
+/// worker's idle ones (by worker index).
 pub(super) struct Pool {
     connector: Connector,
-    targets: Vec<(Dest, Mutex<Vec<Idle>>)>,
+    targets: Vec<(Dest, Box<[IdleList]>)>,
 }
+
+/// Idle connections, the most recently used last.
+type IdleList = Mutex<Vec<Idle>>;
 
 struct Idle {
     send: SendRequest<ReplayBody>,
     since: Instant,
-    /// The worker whose runtime drives the connection.
-    worker: usize,
 }
 
 impl Pool {
-    pub(super) fn new(connector: Connector, dests: Vec<Dest>) -> Pool {
+    pub(super) fn new(connector: Connector, dests: Vec<Dest>, workers: usize) -> Pool {
+        let lists = || (0..workers.max(1)).map(|_| Mutex::default()).collect();
         Pool {
             connector,
-            targets: dests.into_iter().map(|d| (d, Mutex::default())).collect(),
+            targets: dests.into_iter().map(|d| (d, lists())).collect(),
         }
+    }
+
+    /// `worker`'s idle connections to `target`.
+    fn idle(&self, target: usize, worker: usize) -> &IdleList {
+        let lists = &self.targets[target].1;
+        &lists[worker.min(lists.len() - 1)]
     }
 
     /// Send `req` to `target` and wait for the answer's head; the body streams on. `req`'s
@@ -190,11 +200,9 @@ impl Pool {
     /// This worker's most recently used connection of `target` that is ready for a request,
     /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`]).
     fn checkout(&self, target: usize) -> Option<SendRequest<ReplayBody>> {
-        let me = worker();
-        let mut list = self.targets[target].1.lock();
+        let mut list = self.idle(target, worker()).lock();
         prune(&mut list, Instant::now());
-        while let Some(i) = list.iter().rposition(|idle| idle.worker == me) {
-            let idle = list.remove(i);
+        while let Some(idle) = list.pop() {
             if idle.send.is_ready() {
                 return Some(idle.send);
             }
@@ -229,6 +237,7 @@ struct Lent {
     pool: Arc<Pool>,
     target: usize,
     send: SendRequest<ReplayBody>,
+    /// Whose idle list it goes back to.
     worker: usize,
 }
 
@@ -260,12 +269,11 @@ impl Drop for Streamed {
             return;
         }
         let now = Instant::now();
-        let mut list = lent.pool.targets[lent.target].1.lock();
+        let mut list = lent.pool.idle(lent.target, lent.worker).lock();
         prune(&mut list, now);
         list.push(Idle {
             send: lent.send,
             since: now,
-            worker: lent.worker,
         });
     }
 }
