@@ -1,7 +1,9 @@
 //! The local deny cache in front of Redis, through the real binary on a real redis-server:
-//! a hammered key costs one store call per retry window, the cached 429s carry the same fields
-//! as the store's, and the cache never refuses what the store would admit (an admin reset and a
-//! reload that raises the limit are seen at once; a smaller cost still asks the store).
+//! a hammered key costs one store call per retry window (none at all once an admission took
+//! the last unit), the cached 429s carry the same fields as the store's, and the cache never
+//! refuses what the store would admit (an admin reset and a reload that raises the limit are
+//! seen at once; a smaller cost still asks the store; a request refused by another limit
+//! charged nothing and caches nothing).
 
 mod support;
 
@@ -10,14 +12,26 @@ use std::time::Duration;
 use support::redis::RedisServer;
 use support::{client, eventually, get, HttpClient, Reply, Sluice, Upstream};
 
-fn config(redis: &RedisServer, up: &Upstream, rate: &str) -> String {
+/// One route whose limits are `limits` (YAML flow mappings, one per line).
+fn config_with(redis: &RedisServer, up: &Upstream, limits: &[String]) -> String {
+    let limits: String = limits.iter().map(|l| format!("      - {l}\n")).collect();
     format!(
         "store:\n  kind: redis\n  redis: {{ url: \"{}\", timeout: 500ms }}\n  on_error: deny\n\
          upstreams:\n  up: {{ targets: [{}] }}\n\
-         routes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits:\n\
-         \x20     - {{ name: per-ip, by: ip, algorithm: fixed_window, rate: {rate}, cost: {{ header: X-Cost, default: 2, max: 2 }} }}\n",
+         routes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits:\n{limits}",
         redis.url(),
         up.url()
+    )
+}
+
+/// A fixed window of `rate` by IP, each request costing `X-Cost` (default 2, at most 2).
+fn config(redis: &RedisServer, up: &Upstream, rate: &str) -> String {
+    config_with(
+        redis,
+        up,
+        &[format!(
+            "{{ name: per-ip, by: ip, algorithm: fixed_window, rate: {rate}, cost: {{ header: X-Cost, default: 2, max: 2 }} }}"
+        )],
     )
 }
 
@@ -37,16 +51,15 @@ async fn hit(c: &HttpClient, s: &Sluice, cost: &str) -> Reply {
 async fn a_hammered_key_costs_one_store_call_per_retry_window() {
     let redis = RedisServer::start();
     let up = Upstream::start();
-    let s = Sluice::start(&config(&redis, &up, "4/1h"));
+    let s = Sluice::start(&config(&redis, &up, "3/1h"));
     let c = client();
-    // Two requests of cost 2 use up 4/1h.
-    for _ in 0..2 {
-        assert_eq!(hit(&c, &s, "2").await.status, 200);
-    }
+    // A request of cost 2 leaves 1 of 3/1h: the next one is refused by the store …
+    assert_eq!(hit(&c, &s, "2").await.status, 200);
     let base = evalsha_calls(&redis);
     let first = hit(&c, &s, "2").await;
     assert_eq!(first.status, 429);
     assert_eq!(evalsha_calls(&redis), base + 1, "the store refused once");
+    // … and then by the gateway alone until the window ends.
     for _ in 0..200 {
         let r = hit(&c, &s, "2").await;
         assert_eq!(r.status, 429);
@@ -69,7 +82,7 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
         base + 1,
         "200 refusals within the retry window asked the store again"
     );
-    assert_eq!(up.hits(), 2);
+    assert_eq!(up.hits(), 1);
     let m = s.metrics(&c).await;
     assert_eq!(
         support::metric(
@@ -127,4 +140,64 @@ async fn the_cache_never_refuses_what_the_store_would_admit() {
         .await,
         "the raised limit was refused from the cache"
     );
+}
+
+#[tokio::test]
+async fn an_admission_that_takes_the_last_unit_is_remembered_until_one_is_back() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    // One token every 15 s, 3 at most: after 3 requests the first token is back in 15 s, the
+    // bucket full again in 45 s.
+    let bucket = "{ name: per-ip, by: ip, algorithm: token_bucket, rate: 4/1m, burst: 3 }";
+    let s = Sluice::start(&config_with(&redis, &up, &[bucket.to_owned()]));
+    let c = client();
+    for _ in 0..3 {
+        assert_eq!(hit(&c, &s, "1").await.status, 200);
+    }
+    let base = evalsha_calls(&redis);
+    for _ in 0..50 {
+        let r = hit(&c, &s, "1").await;
+        assert_eq!(r.status, 429, "{}", r.text());
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!(
+            (1..=15).contains(&retry),
+            "Retry-After {retry}: the wait for one token is at most 15 s, not the 45 s to full"
+        );
+        assert_eq!(r.json()["limit"], "per-ip");
+    }
+    assert_eq!(
+        evalsha_calls(&redis),
+        base,
+        "the admission that took the last token already said the next request is refused"
+    );
+    assert_eq!(up.hits(), 3);
+}
+
+#[tokio::test]
+async fn a_request_another_limit_refused_charged_nothing_and_caches_nothing() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let limits = [
+        "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 2/1h }".to_owned(),
+        "{ name: per-key, by: api_key, algorithm: fixed_window, rate: 3/1h, cost: { header: X-Cost, default: 1, max: 3 } }".to_owned(),
+    ];
+    let s = Sluice::start(&config_with(&redis, &up, &limits));
+    let c = client();
+    let send = |cost: &'static str| {
+        let (c, url) = (&c, s.url("/x"));
+        async move { get(c, &url, &[("x-api-key", "k1"), ("x-cost", cost)]).await }
+    };
+    // per-ip 1 of 2 left, per-key 2 of 3.
+    assert_eq!(send("1").await.status, 200);
+    // per-ip would take its last unit, but per-key refuses cost 3: nothing is charged …
+    let refused = send("3").await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.json()["limit"], "per-key");
+    // … so per-ip still has its last unit, and the gateway must not have remembered it gone.
+    assert_eq!(send("1").await.status, 200, "per-ip was cached as used up");
+    // Now it is gone, and both limits say so.
+    let last = send("1").await;
+    assert_eq!(last.status, 429);
+    assert_eq!(last.json()["limit"], "per-ip");
+    assert_eq!(up.hits(), 2);
 }

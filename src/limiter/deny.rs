@@ -3,8 +3,10 @@
 //! When the store says a request of cost `c` on key `k` is limited with retry-after `R`, no
 //! request of cost `c` or more on `k` can be admitted before `R` has passed: other gateways
 //! only ever consume, never refill, and every algorithm needs at least as long for a larger
-//! cost. So until then the gateway answers 429 itself, without a store round trip; a hammered
-//! key costs about one store call per retry window per gateway.
+//! cost. The same holds when it admits a request that leaves nothing, with `c` = 1 and `R`
+//! the wait until one unit is back ([`refusal_after`](super::algo::refusal_after)). So until
+//! then the gateway answers 429 itself, without a store round trip; a hammered key costs
+//! about one store call per retry window per gateway (none past the admission that emptied it).
 //!
 //! It never refuses what the store would admit: `R` is counted from when the call was *sent*
 //! (the store decided at or after that instant), on the monotonic clock. A request of a smaller

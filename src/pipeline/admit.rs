@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 
-use crate::limiter::algo::Op;
-use crate::limiter::algo::{Algorithm, Code, Decision};
+use crate::limiter::algo::{refusal_after, Algorithm, Code, Decision, Op};
 use crate::limiter::deny::DenyCache;
 use crate::limiter::key;
 use crate::limiter::store;
@@ -271,9 +270,16 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         Ok(d) => {
             adm.store = Some(call);
             if let Some(deny) = stores.deny {
-                for (c, dec) in calls.iter().zip(&d) {
-                    if cacheable(c) && dec.code == Code::Limited {
+                // Remember a refusal, and an admission that used the last unit when the
+                // request passed (so it was charged): until a unit is back, the store refuses.
+                let passed = calls.iter().zip(&d).all(|(c, d)| c.shadow || d.allowed());
+                for (c, dec) in calls.iter().zip(&d).filter(|(c, _)| cacheable(c)) {
+                    if dec.code == Code::Limited {
                         deny.refused(&c.key, c.cost, *dec, started);
+                    } else if let Some(next) =
+                        refusal_after(&c.params, dec).filter(|_| passed && c.op == Op::Decide)
+                    {
+                        deny.refused(&c.key, 1, next, started);
                     }
                 }
             }

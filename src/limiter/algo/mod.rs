@@ -77,6 +77,30 @@ impl Decision {
     }
 }
 
+/// After an admission that left nothing (`remaining` 0), the decision a cost-1 request would
+/// get at the same instant, where the reply alone says it exactly: a bucket has its first unit
+/// back C − 1 intervals before it is full again, a fixed window at its end. The sliding
+/// algorithms' replies do not say when their first unit frees (`None`).
+///
+/// The deny cache keeps this: other gateways only consume, so nothing is admitted sooner.
+pub fn refusal_after(p: &Params, d: &Decision) -> Option<Decision> {
+    if !d.allowed() || d.remaining > 0 {
+        return None;
+    }
+    let wait = match p.algorithm {
+        a if a.is_bucket() => d
+            .reset_after_us
+            .saturating_sub((p.capacity - 1) * p.interval_us),
+        Algorithm::FixedWindow => d.reset_after_us,
+        _ => return None,
+    };
+    (wait > 0).then_some(Decision {
+        code: Code::Limited,
+        retry_after_us: wait,
+        ..*d
+    })
+}
+
 /// Limiter state of one key, whatever the algorithm (the embedded store keeps these).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum State {

@@ -75,6 +75,20 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
         (full.remaining, full.reset_after_us),
         (d.remaining, d.reset_after_us)
     );
+    if d.allowed() && d.remaining == 0 {
+        let next = peek(p, st, now, 1);
+        match super::refusal_after(p, &d) {
+            Some(cached) => assert_eq!(cached, next, "the deny cache would answer otherwise"),
+            None => assert!(
+                matches!(
+                    p.algorithm,
+                    Algorithm::SlidingLog | Algorithm::SlidingWindow
+                ) || next.allowed(),
+                "{:?} says nothing about its next refusal: {d:?}",
+                p.algorithm
+            ),
+        }
+    }
     if full.reset_after_us == 0 {
         assert_eq!(full.remaining, full.limit, "not full but reset 0");
     } else {
