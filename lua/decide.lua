@@ -18,9 +18,18 @@ local PER_KEY = 9
 -- 9 per key of a single request are the two in a row; a batch sends each distinct limit once.
 local PER_SPEC = 6
 
+-- ARGV repeats the same few values (costs, flags, ops): each distinct string is parsed once
+-- per call.
+local INTS = {}
+
 -- ARGV[j] as an integer in lo..hi; raises (error table) otherwise.
 local function arg(j, lo, hi, what)
-  local v = int(ARGV[j])
+  local s = ARGV[j]
+  local v = INTS[s]
+  if v == nil then
+    v = int(s)
+    if v ~= nil then INTS[s] = v end
+  end
   if v == nil or v < lo or v > hi then
     error({err = 'sluice: bad ' .. what .. ' in ARGV[' .. j .. ']'})
   end
@@ -53,13 +62,22 @@ end
 
 -- One key's call: limit `s` with cost, shadow and op at ARGV[j .. j + 2].
 local function call_at(s, j)
-  return {
+  -- The same limit with the same cost, flag and op is the same (read-only) call.
+  local a, b, c = ARGV[j], ARGV[j + 1], ARGV[j + 2]
+  local m = s.calls
+  if m == nil then m = {}; s.calls = m end
+  local key = (a or '') .. ':' .. (b or '') .. ':' .. (c or '')
+  local hit = m[key]
+  if hit ~= nil then return hit end
+  hit = {
     algorithm = s.algorithm, limit = s.limit, window = s.window, capacity = s.capacity,
     interval = s.interval, unit = s.unit,
     cost = arg(j, 0, MAX_EXACT - 1, 'cost'),
     shadow = arg(j + 1, 0, 1, 'shadow flag') == 1,
     op = arg(j + 2, 0, 4, 'op'),
   }
+  m[key] = hit
+  return hit
 end
 
 -- One limit, as src/limiter/algo/mod.rs `run` does it.

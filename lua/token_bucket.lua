@@ -24,20 +24,22 @@ local function token_refill(key, p, now)
   return n, t
 end
 
+-- Time until `need` more tokens have arrived at `now`: the first one arrives at t + I.
+local function token_after(t, need, i, now) return math.max(t + need * i - now, 0) end
+
 ALGO.token_bucket = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local n, t = token_refill(key, p, now)
-  -- Time until `need` more tokens have arrived: the first one arrives at t + I.
-  local function after(need) return math.max(t + need * i - now, 0) end
-  if cost > c then return 2, c, n, 0, after(c - n) end
-  if cost == 0 then return 0, c, n, 0, after(c - n) end
-  if cost > n then return 1, c, n, after(cost - n), after(c - n) end
+  if cost > c then return 2, c, n, 0, token_after(t, c - n, i, now) end
+  if cost == 0 then return 0, c, n, 0, token_after(t, c - n, i, now) end
+  if cost > n then return 1, c, n, token_after(t, cost - n, i, now), token_after(t, c - n, i, now) end
   local left = n - cost
+  local reset = token_after(t, c - left, i, now)
   if commit then
     redis.call('HSET', key, 'n', fmt(left), 't', fmt(t))
-    expire_us(key, after(c - left))
+    expire_us(key, reset)
   end
-  return 0, c, left, 0, after(c - left)
+  return 0, c, left, 0, reset
 end
 
 -- Charge whatever is left (after the answer): what does not fit is owed, at most C·I ahead.
