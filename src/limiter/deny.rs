@@ -12,8 +12,9 @@
 //! (the store decided at or after that instant), on the monotonic clock. A request of a smaller
 //! cost still asks the store. Shadow limits are never cached. An admin reset forgets the key;
 //! a reload forgets everything (a rate edit keeps the key but changes what it admits).
-//! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones, and
-//! if it is still full the new entry is not kept (the store simply gets asked again).
+//! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones (at most
+//! every [`PRUNE_EVERY`], so a cache full of live entries costs an insert no scan), and if it
+//! is still full the new entry is not kept (the store simply gets asked again).
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -26,6 +27,9 @@ use super::algo::Decision;
 
 /// Entries kept at most (≈100 bytes each with its key).
 pub const MAX_ENTRIES: usize = 100_000;
+/// How often a full cache may scan a shard for expired entries on insert (the periodic sweep
+/// still runs).
+const PRUNE_EVERY: Duration = Duration::from_millis(100);
 const SHARDS: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +48,8 @@ pub struct DenyCache {
     hasher: RandomState,
     /// Entries in all shards (a lookup on an empty cache takes no lock).
     len: AtomicUsize,
+    /// When a full cache last pruned a shard on insert.
+    pruned: Mutex<Option<Instant>>,
 }
 
 impl Default for DenyCache {
@@ -52,6 +58,7 @@ impl Default for DenyCache {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             len: AtomicUsize::new(0),
+            pruned: Mutex::new(None),
         }
     }
 }
@@ -102,8 +109,15 @@ impl DenyCache {
             return;
         }
         if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
-            let before = shard.len();
             let now = Instant::now();
+            {
+                let mut pruned = self.pruned.lock();
+                if pruned.is_some_and(|t| now.duration_since(t) < PRUNE_EVERY) {
+                    return;
+                }
+                *pruned = Some(now);
+            }
+            let before = shard.len();
             shard.retain(|_, e| e.until > now);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
             if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
@@ -217,6 +231,36 @@ mod tests {
         // A zero wait is nothing to cache.
         c.refused("z", 1, limited(0), t0);
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_full_cache_makes_room_from_expired_entries_at_most_every_prune_interval() {
+        let c = DenyCache::default();
+        let long_ago = Instant::now() - Duration::from_secs(5);
+        let fill = |c: &DenyCache, from: usize| {
+            let mut i = from;
+            while c.len() < MAX_ENTRIES {
+                c.refused(&format!("old{i}"), 1, limited(1_000), long_ago);
+                i += 1;
+            }
+            i
+        };
+        let next = fill(&c, 0);
+        c.refused("a", 1, limited(60_000_000), Instant::now());
+        assert!(
+            c.check("a", 1, Instant::now()).is_some(),
+            "a cache full of expired entries made no room"
+        );
+        fill(&c, next);
+        c.refused("b", 1, limited(60_000_000), Instant::now());
+        assert!(
+            c.check("b", 1, Instant::now()).is_none(),
+            "pruned again within the interval"
+        );
+        std::thread::sleep(PRUNE_EVERY);
+        c.refused("b", 1, limited(60_000_000), Instant::now());
+        assert!(c.check("b", 1, Instant::now()).is_some());
+        assert!(c.len() <= MAX_ENTRIES);
     }
 
     #[test]
