@@ -13,7 +13,7 @@
 //! cost still asks the store. Shadow limits are never cached. An admin reset forgets the key;
 //! a reload forgets everything (a rate edit keeps the key but changes what it admits).
 //! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones (at most
-//! every [`PRUNE_EVERY`], so a cache full of live entries costs an insert no scan), and if it
+//! every `PRUNE_EVERY`, so a cache full of live entries costs an insert no scan), and if it
 //! is still full the new entry is not kept (the store simply gets asked again).
 
 use std::collections::HashMap;
