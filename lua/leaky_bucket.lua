@@ -23,21 +23,25 @@ local function leak(key, p, now)
   return l, t
 end
 
+-- Time until `units` more have leaked at `now`: the first one leaks at t + I. A function of
+-- the file, not a closure per decision (Redis would allocate one each time).
+local function leaked_after(t, units, i, now) return units * i - (now - t) end
+
 ALGO.leaky_bucket = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local l, t = leak(key, p, now)
-  -- Time until `units` more have leaked: the first one leaks at t + I.
-  local function after(units) return units * i - (now - t) end
   local left = math.max(c - l, 0)
-  if cost > c then return 2, c, left, 0, after(l) end
-  if cost == 0 then return 0, c, left, 0, after(l) end
-  if l + cost > c then return 1, c, left, after(l + cost - c), after(l) end
+  local drained = leaked_after(t, l, i, now)
+  if cost > c then return 2, c, left, 0, drained end
+  if cost == 0 then return 0, c, left, 0, drained end
+  if l + cost > c then return 1, c, left, leaked_after(t, l + cost - c, i, now), drained end
   local level = l + cost
+  local reset = leaked_after(t, level, i, now)
   if commit then
     redis.call('HSET', key, 'l', fmt(level), 't', fmt(t))
-    expire_us(key, after(level))
+    expire_us(key, reset)
   end
-  return 0, c, c - level, 0, after(level)
+  return 0, c, c - level, 0, reset
 end
 
 -- Charge whatever room is left (after the answer): up to 2C, then 2C as of now.

@@ -4,6 +4,17 @@
 -- prev·(Wu − eu) + (cur + cost)·Wu <= N·Wu. Only admitted units count.
 -- State: hash {w = window index, c = current count, p = previous count}.
 -- Twin of src/algo/sliding_window.rs (its doc derives retry and reset).
+-- Until the window is empty, for `c` units in the current one: functions of the file, not
+-- closures per decision (Redis would allocate each one each time).
+local function window_reset(c, prev, w, e, zero)
+  if c > 0 then return w - e + zero end
+  if prev > 0 and e < zero then return zero - e end
+  return 0
+end
+
+-- Elapsed units (× u) from which a count `by` weighs no more than `r`: Wu − floor(r·Wu / by).
+local function weighs_at_most(r, by, wu, u) return (wu - idiv(r * wu, by)) * u end
+
 ALGO.sliding_window = function(key, p, now, cost, commit)
   local n, w, u = p.limit, p.window, p.unit
   local k = idiv(now, w)
@@ -23,27 +34,20 @@ ALGO.sliding_window = function(key, p, now, cost, commit)
   local room = n * wu - prev * (wu - eu)
   if room < 0 then room = 0 else room = idiv(room, wu) end
   local remaining = math.max(room - cur, 0)
-  local function reset(c)
-    if c > 0 then return w - e + zero end
-    if prev > 0 and e < zero then return zero - e end
-    return 0
-  end
-  if cost > n then return 2, n, remaining, 0, reset(cur) end
-  if cost == 0 then return 0, n, remaining, 0, reset(cur) end
+  if cost > n then return 2, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
+  if cost == 0 then return 0, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
   if cost > remaining then
-    -- Elapsed time from which a count `by` weighs no more than `r`: Wu − floor(r·Wu / by).
-    local function from(r, by) return (wu - idiv(r * wu, by)) * u end
     local retry
     if cur + cost <= n then
-      retry = from(n - cur - cost, prev) - e
+      retry = weighs_at_most(n - cur - cost, prev, wu, u) - e
     else
-      retry = w - e + from(n - cost, cur)
+      retry = w - e + weighs_at_most(n - cost, cur, wu, u)
     end
-    return 1, n, remaining, retry, reset(cur)
+    return 1, n, remaining, retry, window_reset(cur, prev, w, e, zero)
   end
   if commit then
     redis.call('HSET', key, 'w', fmt(k), 'c', fmt(cur + cost), 'p', fmt(prev))
     expire_us(key, 2 * w - e)
   end
-  return 0, n, remaining - cost, 0, reset(cur + cost)
+  return 0, n, remaining - cost, 0, window_reset(cur + cost, prev, w, e, zero)
 end
