@@ -94,12 +94,12 @@ local function one(now, key, i, p, write, nonce)
   return 0, limit, remaining, retry, reset
 end
 
--- Every call of one request, into `out` (5 integers per key); whether all non-shadow limits
--- admitted it.
-local function run(now, k0, calls, nonce, write, out)
+-- Every call of one request (its keys keys[k0 + 1 ..]), into `out` (5 integers per key);
+-- whether all non-shadow limits admitted it.
+local function run(now, keys, k0, calls, nonce, write, out)
   local pass = true
   for i, p in ipairs(calls) do
-    local code, limit, remaining, retry, reset = one(now, KEYS[k0 + i], i, p, write, nonce)
+    local code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
     local o = 5 * (i - 1)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
       code, limit, remaining, retry, reset
@@ -108,15 +108,18 @@ local function run(now, k0, calls, nonce, write, out)
   return pass
 end
 
--- One request, its calls checked already: keys KEYS[k0 + 1 ..]. Returns its 5 integers per key.
-local function request(now, k0, calls, nonce, commit)
+-- One request, its calls checked already: keys keys[k0 + 1 ..]. Returns its 5 integers per
+-- key. Every key is touched before any is charged (several: by the dry run; one: by its
+-- first access), so a key this node cannot serve (Redis Cluster, a slot that moved) raises
+-- before the request has charged anything.
+local function request(now, keys, k0, calls, nonce, commit)
   local out = {}
   if commit and #calls == 1 then
     -- Alone, committing directly is all-or-nothing already: a refusal writes nothing.
-    run(now, k0, calls, nonce, true, out)
-  elseif run(now, k0, calls, nonce, false, out) and commit then
+    run(now, keys, k0, calls, nonce, true, out)
+  elseif run(now, keys, k0, calls, nonce, false, out) and commit then
     -- Deterministic: the same reads at the same `now` give the same decisions.
-    run(now, k0, calls, nonce, true, out)
+    run(now, keys, k0, calls, nonce, true, out)
   end
   return out
 end
@@ -133,12 +136,12 @@ local function decide_all(now, extra_args)
     local b = 2 + PER_KEY * (i - 1)
     calls[i] = call_at(spec_at(b + 1, now), b + 1 + PER_SPEC)
   end
-  return request(now, 0, calls, ARGV[1], commit)
+  return request(now, KEYS, 0, calls, ARGV[1], commit)
 end
 
 -- One request of a batch: its n keys from KEYS[k0 + 1], its nonce at ARGV[a0], then 4 per key
 -- (the index of its limit in `specs`, cost, shadow, op). Raises on bad input, before writing.
-local function batch_request(now, k0, n, a0, specs)
+local function batch_request(now, keys, k0, n, a0, specs)
   local calls = {}
   for i = 1, n do
     local b = a0 + 4 * (i - 1)
@@ -146,16 +149,19 @@ local function batch_request(now, k0, n, a0, specs)
     if s.bad ~= nil then error(s.bad) end
     calls[i] = call_at(s, b + 2)
   end
-  return request(now, k0, calls, ARGV[a0], true)
+  return request(now, keys, k0, calls, ARGV[a0], true)
 end
 
 -- Several requests, decided one after another in the order given, each atomic and
 -- all-or-nothing on its own: ARGV[1] = 'batch', ARGV[2] = R requests, ARGV[3] = L limits,
 -- then each limit's 6 static values once (algorithm, N, W, C, I, unit), then per request its
 -- key count, its nonce and 4 per key (limit index 1..L, cost, shadow, op); KEYS are the
--- requests' keys in order. Reply: per request, its 5 integers per key, or the error string of
--- that request alone (a request that errs, or names a limit that does, wrote nothing; the
--- others are unaffected).
+-- requests' keys in order. With no KEYS the keys follow in ARGV instead: Redis Cluster routes
+-- a call by its declared keys, which must share one slot, while a batch for one node spans
+-- that node's slots (the script's `allow-cross-slot-keys` flag lets it touch them).
+-- Reply: per request, its 5 integers per key, or the error string of that request alone (a
+-- request that errs, or names a limit that does, or has a key this node does not serve,
+-- wrote nothing; the others are unaffected).
 local function decide_batch(now, extra_args)
   local count, nspecs = int(ARGV[2]), int(ARGV[3])
   if count == nil or count < 1 then return redis.error_reply('sluice: bad batch size') end
@@ -172,12 +178,18 @@ local function decide_batch(now, extra_args)
     spans[r] = {k, n, a + 2}
     a, k = a + 2 + 4 * n, k + n
   end
-  if k ~= #KEYS or a ~= #ARGV - extra_args then
+  local keys = KEYS
+  if #KEYS == 0 then
+    keys = {}
+    for i = 1, k do keys[i] = ARGV[a + i] end
+    a = a + k
+  end
+  if k ~= #keys or a ~= #ARGV - extra_args then
     return redis.error_reply('sluice: batch does not match its KEYS and ARGV')
   end
   local out = {}
   for r, span in ipairs(spans) do
-    local ok, res = pcall(batch_request, now, span[1], span[2], span[3], specs)
+    local ok, res = pcall(batch_request, now, keys, span[1], span[2], span[3], specs)
     if ok then
       out[r] = res
     elseif type(res) == 'table' then

@@ -641,8 +641,9 @@ fn calendar_months_end_exactly_in_the_script() {
 
 /// A batch (several requests in one call, `lua/decide.lua`'s `decide_batch`) decides exactly
 /// as the same requests one after another: against the embedded store, on random mixes of
-/// algorithms, ops and shadow limits, requests naming the same keys in one batch. A request
-/// with bad input gets its own error and writes nothing; the others are decided.
+/// algorithms, ops and shadow limits, requests naming the same keys in one batch, the keys
+/// declared or (as a batch for one Cluster node sends them) in ARGV. A request with bad input
+/// gets its own error and writes nothing; the others are decided.
 #[test]
 fn a_batch_decides_like_its_requests_one_after_another() {
     let redis = RedisServer::start();
@@ -683,26 +684,26 @@ fn a_batch_decides_like_its_requests_one_after_another() {
             requests.push((id, calls));
         }
         let nonces: Vec<String> = requests.iter().map(|(id, _)| format!("t{id}")).collect();
-        let mut args: Vec<String> = vec![
-            "EVALSHA".into(),
-            lua.sha.clone(),
-            requests
-                .iter()
-                .map(|(_, c)| c.len())
-                .sum::<usize>()
-                .to_string(),
-        ];
-        args.extend(
-            requests
-                .iter()
-                .flat_map(|(_, c)| c.iter().map(|c| c.key.clone())),
-        );
+        let keys: Vec<String> = requests
+            .iter()
+            .flat_map(|(_, c)| c.iter().map(|c| c.key.clone()))
+            .collect();
+        // Every other round the keys follow in ARGV, as a batch for one Cluster node sends them.
+        let in_argv = round % 2 == 1;
+        let declared = if in_argv { 0 } else { keys.len() };
+        let mut args: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), declared.to_string()];
+        if !in_argv {
+            args.extend(keys.iter().cloned());
+        }
         args.extend(scripts::batch_argv(
             nonces
                 .iter()
                 .zip(&requests)
                 .map(|(n, (_, c))| (n.as_str(), &c[..])),
         ));
+        if in_argv {
+            args.extend(keys);
+        }
         args.push(now.to_string());
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply = lua.conn.cmd(&argv).as_array();

@@ -326,6 +326,114 @@ async fn cluster_decides_across_slots_without_charging_refused_requests() {
     assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
 }
 
+/// Script calls (EVALSHA and EVAL) every node of the cluster has served.
+fn cluster_calls(cluster: &RedisCluster) -> u64 {
+    let mut calls = 0;
+    cluster.for_each_node(|conn| calls += stat(conn, "evalsha") + stat(conn, "eval"));
+    calls
+}
+
+/// Decide every call of `calls` at once, each alone: its decision, in order.
+async fn decide_each_concurrently(store: &Arc<RedisStore>, calls: &[LimitCall]) -> Vec<Decision> {
+    let tasks: Vec<_> = calls
+        .iter()
+        .map(|c| {
+            let (s, c) = (store.clone(), c.clone());
+            tokio::spawn(async move { s.decide(std::slice::from_ref(&c)).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for (t, c) in tasks.into_iter().zip(calls) {
+        let d = t.await.unwrap();
+        out.push(d.unwrap_or_else(|e| panic!("{}: {e}", c.key))[0]);
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_per_node_and_resends_a_request_whose_slot_moved() {
+    let cluster = RedisCluster::start();
+    let mut s = settings(RedisMode::Cluster, None, cluster.seeds());
+    // Hundreds of requests at once on a busy test machine: this test is about batching and
+    // exactness, not about the timeout.
+    s.timeout = Duration::from_secs(5);
+    let store = Arc::new(RedisStore::connect(&s, None).unwrap());
+    store.wait_connected(Duration::from_secs(10)).await.unwrap();
+    let limit = |key: String| call(&key, Algorithm::FixedWindow, 1, 3600 * S);
+
+    // 400 identities (as many slots, on every node), two requests each, all at once.
+    let keys: Vec<String> = (0..400)
+        .map(|i| format!("sluice:r:k:fixed_window:{{id-{i}}}"))
+        .collect();
+    let ports: std::collections::BTreeSet<u16> = keys
+        .iter()
+        .map(|k| cluster.port_for_slot(support::redis::key_slot(k.as_bytes())))
+        .collect();
+    assert_eq!(ports.len(), 3, "the identities span every node");
+    let calls: Vec<LimitCall> = keys
+        .iter()
+        .flat_map(|k| [limit(k.clone()), limit(k.clone())])
+        .collect();
+    let before = cluster_calls(&cluster);
+    let decisions = decide_each_concurrently(&store, &calls).await;
+    let script_calls = cluster_calls(&cluster) - before;
+    for (i, pair) in decisions.chunks(2).enumerate() {
+        let admitted = pair.iter().filter(|d| d.allowed()).count();
+        assert_eq!(admitted, 1, "{}: {pair:?}", keys[i]);
+    }
+    // One call per request would be 800; per slot, 400 at best.
+    assert!(
+        script_calls * 4 <= calls.len() as u64,
+        "{script_calls} script calls for {} requests",
+        calls.len()
+    );
+
+    // Move an empty slot to another node behind the store's back: its cached routing still
+    // names the old node, whose script refuses the key; the request is sent again, routed by
+    // its key, redirected, and decided once.
+    let moved = "sluice:r:k:fixed_window:{moved}";
+    let slot = support::redis::key_slot(moved.as_bytes());
+    let from = cluster.port_for_slot(slot);
+    let to = cluster
+        .nodes
+        .iter()
+        .map(|n| n.port)
+        .find(|&p| p != from)
+        .unwrap();
+    let id = |port: u16| Conn::connect(port).cmd_ok(&["CLUSTER", "MYID"]).as_str();
+    let (from_id, to_id) = (id(from), id(to));
+    let slot = slot.to_string();
+    Conn::connect(to).cmd_ok(&["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
+    Conn::connect(from).cmd_ok(&["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
+    cluster.for_each_node(|conn| {
+        conn.cmd_ok(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+    });
+    // Requests on the moved slot among requests for the old node's other slots, so that
+    // they share its calls.
+    let neighbours = keys
+        .iter()
+        .filter(|k| cluster.port_for_slot(support::redis::key_slot(k.as_bytes())) == from);
+    let moved_limit = call(moved, Algorithm::FixedWindow, 5, 3600 * S);
+    let mut calls = Vec::new();
+    for k in neighbours.take(60) {
+        calls.push(limit(k.clone()));
+        calls.push(moved_limit.clone());
+    }
+    let decisions = decide_each_concurrently(&store, &calls).await;
+    let admitted = calls
+        .iter()
+        .zip(&decisions)
+        .filter(|(c, d)| c.key == moved && d.allowed())
+        .count();
+    assert_eq!(admitted, 5, "exactly the limit of the moved slot's key");
+    // The neighbours were each charged in the first round: refused now.
+    assert!(calls
+        .iter()
+        .zip(&decisions)
+        .all(|(c, d)| c.key == moved || !d.allowed()));
+    assert_eq!(Conn::connect(to).cmd_ok(&["EXISTS", moved]).as_int(), 1);
+}
+
 #[tokio::test]
 async fn password_protected_redis_needs_the_password() {
     let redis = RedisServer::start();

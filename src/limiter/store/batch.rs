@@ -26,6 +26,8 @@ pub struct Job {
     pub calls: Vec<LimitCall>,
     /// The call id (its nonce names the request's concurrency leases).
     pub id: u64,
+    /// Its keys' slot on Redis Cluster (0 elsewhere): a batch goes to the node serving it.
+    pub slot: u16,
     pub answer: oneshot::Sender<Result<Vec<Decision>, StoreError>>,
 }
 
@@ -89,6 +91,7 @@ mod tests {
         let job = Job {
             calls: Vec::new(),
             id: 0,
+            slot: 0,
             answer,
         };
         (job, rx)

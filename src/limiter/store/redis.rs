@@ -13,10 +13,14 @@
 //!   the same call is sent once more as EVAL (which also caches the script again);
 //! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second.
 //!
-//! On Redis Cluster a script may only touch keys of one slot. Each key's hash tag is the hash
-//! of its identity, so the limits of one request on the same identity share a slot and are
-//! decided together; limits on different identities live on different slots. Those are decided
-//! in two steps: a dry run of every slot (nothing is charged if any enforced limit refuses),
+//! On Redis Cluster a call is routed by its declared keys, which must share one slot. Each
+//! key's hash tag is the hash of its identity, so the limits of one request on the same
+//! identity share a slot and are decided together. Such requests are batched per node: one
+//! call per node carries the requests whose slots it serves, their keys in ARGV (the script's
+//! `allow-cross-slot-keys` flag lets it touch several slots of its node; a key of another
+//! node is an error for that request alone, raised before it charged anything, and the
+//! request is sent again on its own, routed by its keys). Limits on different identities live
+//! on different slots. Those are decided in two steps: a dry run of every slot (nothing is charged if any enforced limit refuses),
 //! then a charge per slot. All-or-nothing thus holds within a slot, and across slots except
 //! when another request takes the last unit between the two steps: then the slots that still
 //! admitted are charged for a refused request (never the reverse: nothing is admitted past a
@@ -31,7 +35,8 @@ use fred::prelude::*;
 use fred::types::config::Server;
 use fred::types::config::{ClusterDiscoveryPolicy, Options, ReconnectPolicy, ServerConfig};
 use fred::types::config::{TlsConfig, TlsConnector, TlsHostMapping};
-use futures_util::future::try_join_all;
+use fred::types::{ClusterHash, CustomCommand};
+use futures_util::future::{join_all, try_join_all};
 
 use super::batch::{self, Job};
 use super::breaker::Breaker;
@@ -52,7 +57,7 @@ pub struct RedisStore {
     nonce_prefix: String,
     /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
     ever_connected: AtomicBool,
-    /// Requests waiting for the next script call (standalone and Sentinel).
+    /// Requests waiting for the next script call (on Cluster, those whose keys share a slot).
     queue: batch::Queue,
 }
 
@@ -151,6 +156,18 @@ const CLIENT_SIDE_FAILURES: [&str; 4] = [
     "Max attempts exceeded",
 ];
 
+/// What Redis Cluster answers a script touching a key of another node's slot.
+const NOT_THIS_NODE: &str = "non local key";
+
+/// The slot all of `calls`' keys hash to, if they share one.
+fn one_slot(calls: &[LimitCall]) -> Option<u16> {
+    let mut slots = calls
+        .iter()
+        .map(|c| fred::util::redis_keyslot(c.key.as_bytes()));
+    let first = slots.next()?;
+    slots.all(|s| s == first).then_some(first)
+}
+
 fn is_noscript(e: &Error) -> bool {
     e.details().starts_with("NOSCRIPT")
 }
@@ -241,6 +258,11 @@ impl RedisStore {
     /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
     /// instead of by `on_error`.
     async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
+        Ok(self.connected().await?.with_options(&self.opts))
+    }
+
+    /// A connected pooled client (see [`RedisStore::client`]).
+    async fn connected(&self) -> Result<Client, StoreError> {
         let mut client = self.pool.next_connected();
         if !client.is_connected() && !self.ever_connected.load(Ordering::Acquire) {
             let _ = self.pool.wait_for_connect().await;
@@ -250,7 +272,7 @@ impl RedisStore {
             return Err(StoreError::Connection("not connected to redis".into()));
         }
         self.ever_connected.store(true, Ordering::Release);
-        Ok(client.with_options(&self.opts))
+        Ok(client.clone())
     }
 
     fn nonce(&self, id: u64) -> String {
@@ -340,27 +362,37 @@ impl RedisStore {
         calls: &[LimitCall],
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
-        if self.cluster {
-            // Boxed: fred's call futures are large (kilobytes), and only Cluster holds one per
-            // request; the queued path's future stays small enough to live in the request's.
-            return self
-                .guarded(Box::pin(self.decide_unguarded(calls, id)))
-                .await;
-        }
-        self.guarded(self.queued(calls, id)).await
+        let slot = if self.cluster {
+            match one_slot(calls) {
+                Some(slot) => slot,
+                // Boxed: fred's call futures are large (kilobytes), and only requests across
+                // slots hold one; the queued path's future stays small enough to live in the
+                // request's.
+                None => {
+                    return self
+                        .guarded(Box::pin(self.decide_unguarded(calls, id)))
+                        .await
+                }
+            }
+        } else {
+            0
+        };
+        self.guarded(self.queued(calls, id, slot)).await
     }
 
-    /// Standalone and Sentinel: queue the request for the next script call (see
-    /// [`batch`]), starting a sender if fewer than `pool_size` run.
+    /// Queue the request for the next script call (see [`batch`]), starting a sender if fewer
+    /// than `pool_size` run. `slot`: its keys' slot on Cluster (0 otherwise).
     async fn queued(
         self: &Arc<Self>,
         calls: &[LimitCall],
         id: u64,
+        slot: u16,
     ) -> Result<Vec<Decision>, StoreError> {
         let (answer, rx) = tokio::sync::oneshot::channel();
         let job = Job {
             calls: calls.to_vec(),
             id,
+            slot,
             answer,
         };
         if self.queue.push(job) {
@@ -399,21 +431,101 @@ impl RedisStore {
         }
     }
 
-    /// One script call deciding `jobs` in order. A lone request uses the single-request
-    /// form; each request of a batch gets its own answer (one request's script error does
-    /// not fail the others).
+    /// The next script calls for `jobs`, an answer per job in order. A lone request uses the
+    /// single-request form; on Cluster, one call per node.
     async fn eval_batch(
         &self,
         jobs: &[Job],
     ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
+        if self.cluster {
+            return self.eval_per_node(jobs).await;
+        }
         if let [job] = jobs {
             return Ok(vec![self.eval(&job.calls, true, job.id).await]);
         }
+        let client = self.client().await?;
+        self.eval_jobs(&client, &jobs.iter().collect::<Vec<_>>(), None)
+            .await
+    }
+
+    /// Redis Cluster: the requests grouped by the node serving their slot (one client's slot
+    /// map, and fred routes that client's calls by the same map), one call per node, all in
+    /// flight at once. A request whose key its node does not serve (the slot moved) was not
+    /// charged: the map is read again and such requests are sent once more, grouped the same
+    /// way; a second refusal is their answer.
+    async fn eval_per_node(
+        &self,
+        jobs: &[Job],
+    ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
+        let client = self.client().await?;
+        let all: Vec<&Job> = jobs.iter().collect();
+        let mut answers = self.eval_grouped(&client, &all).await;
+        let moved: Vec<usize> = (0..jobs.len())
+            .filter(
+                |&i| matches!(&answers[i], Err(StoreError::Script(e)) if e.contains(NOT_THIS_NODE)),
+            )
+            .collect();
+        if !moved.is_empty() {
+            let _ = client.sync_cluster().await;
+            let again: Vec<&Job> = moved.iter().map(|&i| &jobs[i]).collect();
+            let retried = self.eval_grouped(&client, &again).await;
+            for (i, answer) in moved.into_iter().zip(retried) {
+                answers[i] = answer;
+            }
+        }
+        Ok(answers)
+    }
+
+    /// `jobs` grouped by the node `client`'s slot map says serves their slot, one call per
+    /// group (routed by a slot of that node), all in flight at once: an answer per job, in
+    /// order.
+    async fn eval_grouped(
+        &self,
+        client: &fred::clients::WithOptions<Client>,
+        jobs: &[&Job],
+    ) -> Vec<Result<Vec<Decision>, StoreError>> {
+        let routing = client.cached_cluster_state();
+        // Per node (unknown: grouped too, and routed by fred's map as it is then), the
+        // positions of its jobs in `jobs`.
+        let mut nodes: Vec<(Option<&Server>, Vec<usize>)> = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            let node = routing.as_ref().and_then(|r| r.get_server(job.slot));
+            match nodes.iter_mut().find(|(n, _)| *n == node) {
+                Some((_, at)) => at.push(i),
+                None => nodes.push((node, vec![i])),
+            }
+        }
+        let calls = nodes.iter().map(|(_, at)| async move {
+            let group: Vec<&Job> = at.iter().map(|&i| jobs[i]).collect();
+            self.eval_jobs(client, &group, Some(group[0].slot))
+                .await
+                .unwrap_or_else(|e| vec![Err(e); group.len()])
+        });
+        let mut out: Vec<Option<Result<Vec<Decision>, StoreError>>> = vec![None; jobs.len()];
+        for ((_, at), answers) in nodes.iter().zip(join_all(calls).await) {
+            for (&i, answer) in at.iter().zip(answers) {
+                out[i] = Some(answer);
+            }
+        }
+        out.into_iter()
+            .map(|a| a.unwrap_or_else(|| Err(StoreError::Script("no answer".into()))))
+            .collect()
+    }
+
+    /// One script call deciding `jobs` in order, each request getting its own answer (one
+    /// request's script error does not fail the others). `slot`: Cluster, a slot of the node
+    /// serving every job's slot; the call is routed by it and the keys go in ARGV, not KEYS
+    /// (Redis takes declared keys as one slot's).
+    async fn eval_jobs(
+        &self,
+        client: &fred::clients::WithOptions<Client>,
+        jobs: &[&Job],
+        slot: Option<u16>,
+    ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
         let nonces: Vec<String> = jobs.iter().map(|j| self.nonce(j.id)).collect();
         let keys = || {
             jobs.iter()
                 .flat_map(|j| j.calls.iter().map(|c| c.key.as_str()))
-                .collect::<Vec<_>>()
         };
         let argv = || {
             let requests = nonces
@@ -422,12 +534,29 @@ impl RedisStore {
                 .map(|(n, j)| (n.as_str(), &j.calls[..]));
             scripts::batch_argv(requests)
         };
-        let client = self.client().await?;
-        let reply: Result<Vec<fred::types::Value>, Error> =
-            match client.evalsha(self.sha.as_str(), keys(), argv()).await {
-                Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys(), argv()).await,
-                other => other,
-            };
+        let reply: Result<Vec<fred::types::Value>, Error> = match slot {
+            None => {
+                let keys = || keys().collect::<Vec<_>>();
+                match client.evalsha(self.sha.as_str(), keys(), argv()).await {
+                    Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys(), argv()).await,
+                    other => other,
+                }
+            }
+            Some(slot) => {
+                // `custom`, unlike `evalsha`, routes by the hash it is given.
+                let call = |cmd: &'static str, first: &str| {
+                    let mut args = vec![first.to_owned(), "0".to_owned()];
+                    args.extend(argv());
+                    args.extend(keys().map(str::to_owned));
+                    let cmd = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
+                    client.custom::<Vec<fred::types::Value>, _>(cmd, args)
+                };
+                match call("EVALSHA", &self.sha).await {
+                    Err(e) if is_noscript(&e) => call("EVAL", scripts::SCRIPT).await,
+                    other => other,
+                }
+            }
+        };
         let reply = reply.map_err(|e| store_error(&e))?;
         let sizes: Vec<usize> = jobs.iter().map(|j| j.calls.len()).collect();
         let answers = scripts::batch_decisions(reply, &sizes).map_err(StoreError::Script)?;
