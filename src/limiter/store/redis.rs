@@ -18,13 +18,13 @@
 //! identity share a slot and are decided together. Such requests are batched per node: one
 //! call per node carries the requests whose slots it serves, their keys in ARGV (the script's
 //! `allow-cross-slot-keys` flag lets it touch several slots of its node; a key of another
-//! node is an error for that request alone, raised before it charged anything, and the
-//! request is sent again on its own, routed by its keys). Limits on different identities live
-//! on different slots. Those are decided in two steps: a dry run of every slot (nothing is charged if any enforced limit refuses),
-//! then a charge per slot. All-or-nothing thus holds within a slot, and across slots except
-//! when another request takes the last unit between the two steps: then the slots that still
-//! admitted are charged for a refused request (never the reverse: nothing is admitted past a
-//! limit).
+//! node is an error for that request alone, raised before it charged anything; the slot map
+//! is read again and such requests are sent once more). Limits on different identities live
+//! on different slots. Those are decided in two steps: a dry run of every slot (nothing is
+//! charged if any enforced limit refuses), then a charge per slot. All-or-nothing thus holds
+//! within a slot, and across slots except when another request takes the last unit between
+//! the two steps: then the slots that still admitted are charged for a refused request (never
+//! the reverse: nothing is admitted past a limit).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
