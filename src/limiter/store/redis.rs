@@ -288,19 +288,49 @@ impl RedisStore {
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
         let nonce = self.nonce(id);
-        let keys = || calls.iter().map(|c| c.key.as_str()).collect::<Vec<_>>();
         let client = self.client().await?;
-        let argv = scripts::argv(&nonce, commit, calls);
-        let reply: Result<Vec<i64>, Error> =
-            match client.evalsha(self.sha.as_str(), keys(), argv).await {
-                Err(e) if is_noscript(&e) => {
-                    let argv = scripts::argv(&nonce, commit, calls);
-                    client.eval(scripts::SCRIPT, keys(), argv).await
-                }
-                other => other,
-            };
-        let reply = reply.map_err(|e| store_error(&e))?;
+        let slot = calls.first().map_or(0, |c| self.slot_of(&c.key));
+        let args = || {
+            let mut args: Vec<String> = calls.iter().map(|c| c.key.clone()).collect();
+            args.extend(scripts::argv(&nonce, commit, calls));
+            args
+        };
+        let reply: Vec<i64> = self.script(&client, slot, calls.len(), args).await?;
         scripts::decisions(&reply, calls.len()).map_err(StoreError::Script)
+    }
+
+    /// Cluster: the hash slot of `key` (what a call declaring it is routed by); 0 elsewhere.
+    fn slot_of(&self, key: &str) -> u16 {
+        if self.cluster {
+            fred::util::redis_keyslot(key.as_bytes())
+        } else {
+            0
+        }
+    }
+
+    /// One call of the script: `args` are its KEYS (the first `declared` of them) and its
+    /// ARGV. Sent with `custom`, routed by `slot` on Cluster, so that `client`'s per-command
+    /// options (timeout, `fail_fast`) apply: fred 10.1's `evalsha` does not take them from
+    /// `WithOptions`. NOSCRIPT means it did not run: it is sent once more as EVAL, which also
+    /// caches the script again.
+    async fn script<R: FromValue>(
+        &self,
+        client: &fred::clients::WithOptions<Client>,
+        slot: u16,
+        declared: usize,
+        args: impl Fn() -> Vec<String>,
+    ) -> Result<R, StoreError> {
+        let call = |cmd: &'static str, first: &str| {
+            let mut all = vec![first.to_owned(), declared.to_string()];
+            all.extend(args());
+            let cmd = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
+            client.custom::<R, _>(cmd, all)
+        };
+        match call("EVALSHA", &self.sha).await {
+            Err(e) if is_noscript(&e) => call("EVAL", scripts::SCRIPT).await,
+            other => other,
+        }
+        .map_err(|e| store_error(&e))
     }
 
     /// Decide all of a request's limits (see the module doc for Cluster).
@@ -515,7 +545,7 @@ impl RedisStore {
     /// One script call deciding `jobs` in order, each request getting its own answer (one
     /// request's script error does not fail the others). `slot`: Cluster, a slot of the node
     /// serving every job's slot; the call is routed by it and the keys go in ARGV, not KEYS
-    /// (Redis takes declared keys as one slot's).
+    /// (Redis takes declared keys as one slot's). `None`: the keys are declared.
     async fn eval_jobs(
         &self,
         client: &fred::clients::WithOptions<Client>,
@@ -525,7 +555,7 @@ impl RedisStore {
         let nonces: Vec<String> = jobs.iter().map(|j| self.nonce(j.id)).collect();
         let keys = || {
             jobs.iter()
-                .flat_map(|j| j.calls.iter().map(|c| c.key.as_str()))
+                .flat_map(|j| j.calls.iter().map(|c| c.key.clone()))
         };
         let argv = || {
             let requests = nonces
@@ -534,30 +564,19 @@ impl RedisStore {
                 .map(|(n, j)| (n.as_str(), &j.calls[..]));
             scripts::batch_argv(requests)
         };
-        let reply: Result<Vec<fred::types::Value>, Error> = match slot {
+        let reply: Vec<fred::types::Value> = match slot {
             None => {
-                let keys = || keys().collect::<Vec<_>>();
-                match client.evalsha(self.sha.as_str(), keys(), argv()).await {
-                    Err(e) if is_noscript(&e) => client.eval(scripts::SCRIPT, keys(), argv()).await,
-                    other => other,
-                }
+                let declared = jobs.iter().map(|j| j.calls.len()).sum();
+                let first = jobs.first().and_then(|j| j.calls.first());
+                let slot = first.map_or(0, |c| self.slot_of(&c.key));
+                let args = || keys().chain(argv()).collect();
+                self.script(client, slot, declared, args).await?
             }
             Some(slot) => {
-                // `custom`, unlike `evalsha`, routes by the hash it is given.
-                let call = |cmd: &'static str, first: &str| {
-                    let mut args = vec![first.to_owned(), "0".to_owned()];
-                    args.extend(argv());
-                    args.extend(keys().map(str::to_owned));
-                    let cmd = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
-                    client.custom::<Vec<fred::types::Value>, _>(cmd, args)
-                };
-                match call("EVALSHA", &self.sha).await {
-                    Err(e) if is_noscript(&e) => call("EVAL", scripts::SCRIPT).await,
-                    other => other,
-                }
+                let args = || argv().into_iter().chain(keys()).collect();
+                self.script(client, slot, 0, args).await?
             }
         };
-        let reply = reply.map_err(|e| store_error(&e))?;
         let sizes: Vec<usize> = jobs.iter().map(|j| j.calls.len()).collect();
         let answers = scripts::batch_decisions(reply, &sizes).map_err(StoreError::Script)?;
         Ok(answers
