@@ -272,14 +272,14 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
             if let Some(deny) = stores.deny {
                 // Remember a refusal, and an admission that used the last unit when the
                 // request passed (so it was charged): until a unit is back, the store refuses.
-                let passed = calls.iter().zip(&d).all(|(c, d)| c.shadow || d.allowed());
+                let charged = store::request_allowed(&calls, &d);
                 for (c, dec) in calls.iter().zip(&d).filter(|(c, _)| cacheable(c)) {
                     if dec.code == Code::Limited {
                         deny.refused(&c.key, c.cost, *dec, started);
-                    } else if let Some(next) =
-                        refusal_after(&c.params, dec).filter(|_| passed && c.op == Op::Decide)
-                    {
-                        deny.refused(&c.key, 1, next, started);
+                    } else if charged && c.op == Op::Decide {
+                        if let Some(next) = refusal_after(&c.params, dec) {
+                            deny.refused(&c.key, 1, next, started);
+                        }
                     }
                 }
             }

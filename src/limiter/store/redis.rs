@@ -258,11 +258,6 @@ impl RedisStore {
     /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
     /// instead of by `on_error`.
     async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        Ok(self.connected().await?.with_options(&self.opts))
-    }
-
-    /// A connected pooled client (see [`RedisStore::client`]).
-    async fn connected(&self) -> Result<Client, StoreError> {
         let mut client = self.pool.next_connected();
         if !client.is_connected() && !self.ever_connected.load(Ordering::Acquire) {
             let _ = self.pool.wait_for_connect().await;
@@ -272,7 +267,7 @@ impl RedisStore {
             return Err(StoreError::Connection("not connected to redis".into()));
         }
         self.ever_connected.store(true, Ordering::Release);
-        Ok(client.clone())
+        Ok(client.with_options(&self.opts))
     }
 
     fn nonce(&self, id: u64) -> String {
@@ -545,7 +540,8 @@ impl RedisStore {
     /// One script call deciding `jobs` in order, each request getting its own answer (one
     /// request's script error does not fail the others). `slot`: Cluster, a slot of the node
     /// serving every job's slot; the call is routed by it and the keys go in ARGV, not KEYS
-    /// (Redis takes declared keys as one slot's). `None`: the keys are declared.
+    /// (Redis takes declared keys as one slot's). `None` (standalone and Sentinel): the keys
+    /// are declared.
     async fn eval_jobs(
         &self,
         client: &fred::clients::WithOptions<Client>,
@@ -565,12 +561,11 @@ impl RedisStore {
             scripts::batch_argv(requests)
         };
         let reply: Vec<fred::types::Value> = match slot {
+            // Standalone and Sentinel: no slot to route by.
             None => {
                 let declared = jobs.iter().map(|j| j.calls.len()).sum();
-                let first = jobs.first().and_then(|j| j.calls.first());
-                let slot = first.map_or(0, |c| self.slot_of(&c.key));
                 let args = || keys().chain(argv()).collect();
-                self.script(client, slot, declared, args).await?
+                self.script(client, 0, declared, args).await?
             }
             Some(slot) => {
                 let args = || argv().into_iter().chain(keys()).collect();
