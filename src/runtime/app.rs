@@ -217,7 +217,9 @@ impl Serving {
                     accept,
                     move |req, conn| {
                         let g = g.clone();
-                        async move { g.handle(req, conn).await }
+                        // Boxed here, once: every layer above (panic guard, hyper's
+                        // in-flight slot) then moves a pointer, not the whole request state.
+                        Box::pin(async move { g.handle(req, conn).await })
                     },
                     self.header_timeout,
                     self.stop.clone(),
