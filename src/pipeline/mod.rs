@@ -111,9 +111,9 @@ impl Gateway {
         let _inflight = live.routes[index].inflight.clone().map(Inflight::enter);
         let route = &live.table.routes[index];
         ctx.outcome = self.admit(ctx, route).await?;
-        let res = self
-            .forward(ctx, route, &live.upstreams[route.upstream], body)
-            .await;
+        // Boxed: the upstream exchange is most of a request's state, and answers made here
+        // (429s, errors) never need it, so the request's own future stays small to move.
+        let res = Box::pin(self.forward(ctx, route, &live.upstreams[route.upstream], body)).await;
         match res {
             Ok(res) => Ok(self.response_filter(ctx, res).await),
             Err(e) if ctx.owed.is_some() || ctx.leases.is_some() => {
