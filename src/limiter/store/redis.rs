@@ -328,15 +328,13 @@ impl RedisStore {
         .map_err(|e| store_error(&e))
     }
 
-    /// Decide all of a request's limits (see the module doc for Cluster).
-    async fn decide_unguarded(
+    /// Redis Cluster, a request whose keys span slots: a dry run of every slot, then a charge
+    /// per slot (see the module doc). Requests on one slot are queued instead.
+    async fn decide_across_slots(
         &self,
         calls: &[LimitCall],
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
-        if !self.cluster {
-            return self.eval(calls, true, id).await;
-        }
         // Group the calls by hash slot, remembering each call's position.
         let mut slots: BTreeMap<u16, (Vec<LimitCall>, Vec<usize>)> = BTreeMap::new();
         for (i, c) in calls.iter().enumerate() {
@@ -345,9 +343,6 @@ impl RedisStore {
                 .or_default();
             g.0.push(c.clone());
             g.1.push(i);
-        }
-        if slots.len() == 1 {
-            return self.eval(calls, true, id).await;
         }
         let groups: Vec<_> = slots.into_values().collect();
         let run = |commit: bool| {
@@ -395,7 +390,7 @@ impl RedisStore {
                 // request's.
                 None => {
                     return self
-                        .guarded(Box::pin(self.decide_unguarded(calls, id)))
+                        .guarded(Box::pin(self.decide_across_slots(calls, id)))
                         .await
                 }
             }
