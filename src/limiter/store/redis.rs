@@ -433,7 +433,10 @@ impl RedisStore {
                 }
                 return;
             }
-            let answers = tokio::time::timeout(self.timeout, self.eval_batch(&jobs))
+            // Boxed: the call's future (fred's included) is kilobytes; unboxed, the sender's
+            // task would be that size, moved whole as each new sender is spawned.
+            let call = Box::pin(self.eval_batch(&jobs));
+            let answers = tokio::time::timeout(self.timeout, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout));
             match answers {
