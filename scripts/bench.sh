@@ -2,7 +2,8 @@
 # Load test: direct-to-upstream vs through sluice (embedded and Redis store), in one run.
 #   scripts/bench.sh [DURATION]    (default 10s; needs wrk: apt-get install -y wrk)
 # sluice runs with ONE worker thread; wrk uses -t1 -c64 against a trivial upstream.
-# Prints requests/s, p99 latency and the ratio to direct for every scenario, then the TLS
+# Prints requests/s, p99 latency and the ratio to direct for every scenario (nginx and HAProxy
+# references when installed), the 429 path per proxy CPU-second against both, then the TLS
 # comparison against nginx (scripts/bench_tls.sh) when openssl is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,6 +41,7 @@ YAML
   RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
 }
 gateway "$GW" "$ADM" "" bench
+GWPID=${pids[-1]}
 sleep 1
 
 curl -s -o /dev/null "http://127.0.0.1:$GW/deny"   # use up the single allowed request
@@ -137,6 +139,8 @@ if command -v nginx >/dev/null; then
   { nginx_head 1
     cat <<NGINX
   limit_req_zone \$binary_remote_addr zone=one:1m rate=1r/m;
+  # Refusals logged below the error log's level, as the rig does: no log line per 429.
+  limit_req_log_level notice;
   server {
     listen 127.0.0.1:$NG;
     location / { proxy_pass http://up; proxy_http_version 1.1; proxy_set_header Connection ""; }
@@ -147,12 +151,68 @@ NGINX
   } > "$tmp/nginx.conf"
   nginx -c "$tmp/nginx.conf" & pids+=($!)
   sleep 0.5
+  NGPIDS=("${pids[-1]}" $(pgrep -P "${pids[-1]}"))   # the master and its worker
   curl -s -o /dev/null "http://127.0.0.1:$NG/deny"
   read -r rps p99 < <(run nginx "http://127.0.0.1:$NG/plain")
   row "nginx (1 worker) proxy" "$rps" "$p99"
   read -r rps p99 < <(run nginx "http://127.0.0.1:$NG/deny")
   row "nginx limit_req 429 path" "$rps" "$p99"
 fi
+
+# Reference, if HAProxy is installed: the peer rig's stick table (one thread, a sliding
+# http_req_rate(1s) per key, nothing logged).
+if command -v haproxy >/dev/null; then
+  HP=$(free_port)
+  cat > "$tmp/haproxy.cfg" <<HAPROXY
+global
+    nbthread 1
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 30s
+    timeout server 30s
+    timeout http-keep-alive 60s
+    option http-keep-alive
+    http-reuse always
+backend st_deny
+    stick-table type string len 64 size 1m expire 10s store http_req_rate(1s)
+frontend fe
+    bind 127.0.0.1:$HP
+    http-request set-var(txn.rlkey) req.hdr(x-api-key)
+    http-request set-var(txn.rlkey) src if !{ var(txn.rlkey) -m found }
+    http-request track-sc0 var(txn.rlkey) table st_deny
+    http-request deny deny_status 429 hdr Retry-After 1 if { sc_http_req_rate(0) gt 1 }
+    default_backend origin
+backend origin
+    server up 127.0.0.1:$UP maxconn 4096
+HAPROXY
+  haproxy -db -f "$tmp/haproxy.cfg" 2>/dev/null & pids+=($!)
+  HPPID=${pids[-1]}
+  sleep 0.5
+  read -r rps p99 < <(run haproxy "http://127.0.0.1:$HP/deny")
+  row "haproxy stick table 429 path" "$rps" "$p99"
+fi
+
+# The 429 path like with like: every request from one client, so every proxy refuses all of
+# them after the first (HAProxy counts refused requests too; sluice and limit_req do not, which
+# only matters when some get through). Requests per CPU-second of the proxy's own processes.
+# The peer rig's 429 row uses 10 000 keys instead: there sluice and limit_req forward one
+# request per key per second and HAProxy almost none (docs/performance.md).
+echo
+printf '%-34s %12s %10s %14s %10s\n' "429 path, one client" req/s p99_ms req/cpu-s "sluice ×"
+read -r srps sp99 scpu < <(KEYS=0 runk "http://127.0.0.1:$GW/deny" "$GWPID")
+printf '%-34s %12.0f %10.2f %14.0f %10s\n' "sluice (embedded store)" "$srps" "$sp99" "$scpu" "–"
+ref429() { # name url pid...
+  local name=$1 rps p99 cpu
+  shift
+  read -r rps p99 cpu < <(KEYS=0 runk "$@")
+  # sluice × : sluice's requests per CPU-second over this proxy's.
+  printf '%-34s %12.0f %10.2f %14.0f %10.2f\n' "$name" "$rps" "$p99" "$cpu" \
+    "$(awk -v a="$cpu" -v b="$scpu" 'BEGIN{print (a > 0 ? b/a : 0)}')"
+}
+if [ -n "${NGPIDS:-}" ]; then ref429 "nginx limit_req" "http://127.0.0.1:$NG/deny" "${NGPIDS[@]}"; fi
+if [ -n "${HPPID:-}" ]; then ref429 "haproxy stick table" "http://127.0.0.1:$HP/deny" "$HPPID"; fi
 
 # TLS: keep-alive requests and full handshakes, sluice against nginx on the same certificate.
 if command -v openssl >/dev/null; then

@@ -23,14 +23,16 @@ cpu_total() { # pid...
   echo "$t"
 }
 
-# wrk -t1 -c64 for $dur with a random key of 10 000 per request (scripts/wrk_keys.lua, as the
-# peer rig does): prints "requests_per_second p99_ms requests_per_cpu_second", the CPU being
-# that of the given processes together.
+# wrk -t1 -c64 for $dur with a random key of $KEYS (default 10 000) per request
+# (scripts/wrk_keys.lua, as the peer rig does; KEYS=0: no key, every request from one client):
+# prints "requests_per_second p99_ms requests_per_cpu_second", the CPU being that of the given
+# processes together.
 runk() { # url pid...
-  local url=$1 out rps p99 total c0 c1
+  local url=$1 keys=${KEYS:-10000} out rps p99 total c0 c1 script=()
   shift
+  [ "$keys" -gt 0 ] && script=(-s scripts/wrk_keys.lua)
   c0=$(cpu_total "$@")
-  out=$(KEYS=10000 wrk -t1 -c64 -d"$dur" --latency -s scripts/wrk_keys.lua "$url")
+  out=$(KEYS=$keys wrk -t1 -c64 -d"$dur" --latency "${script[@]}" "$url")
   c1=$(cpu_total "$@")
   rps=$(awk '/^Requests\/sec/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub("us","",v); v=v/1000} else if (v ~ /ms$/) {sub("ms","",v)} else if (v ~ /s$/) {sub("s","",v); v=v*1000}; print v}' <<<"$out")
