@@ -30,7 +30,7 @@ cpu_total() { # pid...
 runk() { # url pid...
   local url=$1 keys=${KEYS:-10000} out rps p99 total c0 c1 script=()
   shift
-  [ "$keys" -gt 0 ] && script=(-s scripts/wrk_keys.lua)
+  if [ "$keys" -gt 0 ]; then script=(-s scripts/wrk_keys.lua); fi
   c0=$(cpu_total "$@")
   out=$(KEYS=$keys wrk -t1 -c64 -d"$dur" --latency "${script[@]}" "$url")
   c1=$(cpu_total "$@")
