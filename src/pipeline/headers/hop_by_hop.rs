@@ -31,24 +31,34 @@ fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|s| !s.is_empty())
 }
 
+/// Is `name` hop-by-hop whatever `Connection` says: `Connection` and `Upgrade` themselves
+/// and the fixed list.
+fn always(name: &HeaderName) -> bool {
+    name == header::CONNECTION || name == header::UPGRADE || ALWAYS.contains(name)
+}
+
 /// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
+///
+/// One pass over the head's distinct names, removing only those present: most heads carry
+/// none or only `Connection`, and removing each of the ten or so candidates by name would
+/// hash every one of them, twice per request (the request and the answer).
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let named: Vec<HeaderName> = connection_names(headers)
-        .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-        .collect();
-    for n in named {
-        if !(keep_upgrade && n == header::UPGRADE) {
-            headers.remove(n);
-        }
-    }
-    headers.remove(header::CONNECTION);
-    for n in &ALWAYS {
+    let doomed: Vec<HeaderName> = {
+        let named: Vec<&str> = connection_names(headers).collect();
+        headers
+            .keys()
+            .filter(|k| {
+                let hop = always(k) || named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n));
+                hop && !(keep_upgrade && k == &header::UPGRADE)
+            })
+            .cloned()
+            .collect()
+    };
+    for n in doomed {
         headers.remove(n);
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
     }
 }
 
@@ -140,5 +150,45 @@ mod tests {
             ("connection", "UPGRADE"),
             ("upgrade", "h2c")
         ])));
+    }
+
+    #[test]
+    fn a_head_without_hop_by_hop_fields_is_left_as_is() {
+        let mut h = map(&[
+            ("host", "a"),
+            ("x-a", "1"),
+            ("x-a", "2"),
+            ("content-length", "3"),
+        ]);
+        let before = h.clone();
+        strip(&mut h, false);
+        assert_eq!(h, before);
+    }
+
+    #[test]
+    fn connection_names_match_any_case_and_every_line_of_a_field_goes() {
+        // RFC 9110 §5.1: field names are case-insensitive; §5.3: a field may span lines.
+        let mut h = map(&[
+            ("connection", "X-Trace"),
+            ("x-trace", "1"),
+            ("x-trace", "2"),
+            ("x-keep", "3"),
+        ]);
+        strip(&mut h, false);
+        assert!(h.get("x-trace").is_none());
+        assert_eq!(h.len(), 1);
+        assert_eq!(h.get("x-keep").unwrap(), "3");
+    }
+
+    #[test]
+    fn an_upgrade_named_by_connection_is_kept_only_for_the_pass_through() {
+        let head = [("connection", "upgrade"), ("upgrade", "websocket")];
+        let mut h = map(&head);
+        strip(&mut h, false);
+        assert!(h.is_empty());
+        let mut h = map(&head);
+        strip(&mut h, true);
+        assert_eq!(h.get("upgrade").unwrap(), "websocket");
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
     }
 }
