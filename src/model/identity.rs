@@ -2,7 +2,7 @@
 //! clients are grouped, and where API keys and users are read from. The request-time reading
 //! of these (headers, tokens) is the identify stage's (`crate::identify`).
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::HeaderName;
 use ipnet::IpNet;
@@ -23,7 +23,7 @@ impl ClientIpRules {
     /// holds a whole /64, so per-address limits would be trivially evaded).
     pub fn group(&self, ip: IpAddr) -> String {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V4(v4) => ipv4_text(v4),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let p = u32::from(self.ipv6_prefix.min(128));
@@ -32,6 +32,33 @@ impl ClientIpRules {
             }
         }
     }
+}
+
+/// `ip` as text, as `to_string` writes it. Every request writes its client's address (its
+/// `by: ip` identity, its `X-Forwarded-For`): an IPv4 one is written digit by digit, where
+/// `to_string` goes through the formatting machinery and grows its string twice.
+pub fn ip_text(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => ipv4_text(v4),
+        IpAddr::V6(v6) => v6.to_string(),
+    }
+}
+
+fn ipv4_text(ip: Ipv4Addr) -> String {
+    let mut out = String::with_capacity(15);
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if octet >= 100 {
+            out.push(char::from(b'0' + octet / 100));
+        }
+        if octet >= 10 {
+            out.push(char::from(b'0' + octet / 10 % 10));
+        }
+        out.push(char::from(b'0' + octet % 10));
+    }
+    out
 }
 
 /// Where API keys and users are read from.
@@ -57,5 +84,44 @@ impl std::fmt::Debug for JwtSource {
             .field("header", &self.header)
             .field("claim", &self.claim)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_are_written_as_to_string_writes_them() {
+        for s in [
+            "0.0.0.0",
+            "9.10.99.100",
+            "127.0.0.1",
+            "255.255.255.255",
+            "10.200.5.250",
+            "::1",
+            "2001:db8::8a2e:370:7334",
+        ] {
+            let ip: IpAddr = s.parse().unwrap();
+            assert_eq!(ip_text(ip), s, "{s}");
+        }
+        for n in 0..=255u8 {
+            let ip = IpAddr::from([n, 255 - n, n / 3, n.wrapping_mul(7)]);
+            assert_eq!(ip_text(ip), ip.to_string());
+        }
+    }
+
+    #[test]
+    fn ipv4_groups_are_the_address_and_ipv6_ones_the_prefix() {
+        let rules = ClientIpRules {
+            trusted: Vec::new(),
+            ipv6_prefix: 64,
+        };
+        assert_eq!(rules.group("203.0.113.7".parse().unwrap()), "203.0.113.7");
+        assert_eq!(rules.group("::ffff:10.0.0.1".parse().unwrap()), "10.0.0.1");
+        assert_eq!(
+            rules.group("2001:db8:1:2:3:4:5:6".parse().unwrap()),
+            "2001:db8:1:2::/64"
+        );
     }
 }

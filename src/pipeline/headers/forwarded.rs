@@ -6,6 +6,8 @@ use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
 
+use crate::model::identity::ip_text;
+
 pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -19,7 +21,7 @@ pub fn apply(
     host: Option<&HeaderValue>,
     tls: bool,
 ) {
-    let peer = peer.to_canonical().to_string();
+    let peer = ip_text(peer.to_canonical()).into_bytes();
     let mut prior = headers.get_all(&XFF).iter().peekable();
     let xff = if prior.peek().is_none() {
         // The usual case, the first proxy: the address alone, its string taken as is.
@@ -30,7 +32,7 @@ pub fn apply(
             joined.extend_from_slice(v.as_bytes());
             joined.extend_from_slice(b", ");
         }
-        joined.extend_from_slice(peer.as_bytes());
+        joined.extend_from_slice(&peer);
         HeaderValue::try_from(joined)
     };
     if let Ok(v) = xff {
