@@ -248,7 +248,7 @@ impl Gateway {
         body: Incoming,
     ) -> Result<Response<Body>, GatewayError> {
         let t = Instant::now();
-        let result = self.send(ctx, route, upstream, body).await;
+        let result = self.send(ctx, route, upstream, body, t).await;
         let secs = t.elapsed().as_secs_f64();
         match result {
             Ok((res, target)) => {
@@ -326,6 +326,7 @@ impl Gateway {
         route: &Route,
         upstream: &Upstream,
         body: Incoming,
+        started: Instant,
     ) -> Result<(Response<Body>, Arc<str>), ForwardError> {
         let (table, peer, host, rid) = (&ctx.live.table, ctx.peer, ctx.host.as_ref(), &ctx.rid);
         let parts = &mut ctx.parts;
@@ -375,7 +376,7 @@ impl Gateway {
             target,
             headers,
         };
-        let (mut res, target) = upstream.send(out, body).await?;
+        let (mut res, target) = upstream.send(out, body, started).await?;
 
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
         if let (true, Some(client)) = (switching, client_upgrade) {

@@ -97,9 +97,11 @@ fn target(authority: &Authority, spec: &UpstreamSpec) -> (Target, Dest) {
     (target, dest)
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds from process start to `at`.
+fn ms_at(at: Instant) -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+    at.saturating_duration_since(*START.get_or_init(Instant::now))
+        .as_millis() as u64
 }
 
 impl Upstream {
@@ -130,24 +132,27 @@ impl Upstream {
 
     /// Send the request; on a refused connection try the next target with the same,
     /// still unread, body. Returns the upstream's response head (and the target's name); its
-    /// body streams on.
+    /// body streams on. `now` is the caller's clock reading, taken just before: the
+    /// deadline, the refused-target check and the idle pool's pruning all use it rather than
+    /// reading the clock again each.
     pub async fn send(
         &self,
         out: Outgoing,
         body: Incoming,
+        now: Instant,
     ) -> Result<(Response<Streamed>, Arc<str>), ForwardError> {
-        let deadline = tokio::time::Instant::now() + self.spec.timeout;
+        let deadline = tokio::time::Instant::from_std(now) + self.spec.timeout;
         let slot = Arc::new(Slot {
             body: Mutex::new(Some(body)),
             failed: AtomicBool::new(false),
         });
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
-        let now = now_ms();
+        let now_ms = ms_at(now);
         // Prefer targets not recently refused; if all are, try them all anyway.
         let order = (0..n)
             .map(|i| (first + i) % n)
-            .filter(|&i| self.targets[i].down_until_ms.load(Ordering::Relaxed) <= now)
+            .filter(|&i| self.targets[i].down_until_ms.load(Ordering::Relaxed) <= now_ms)
             .chain((0..n).map(|i| (first + i) % n))
             .take(n);
         let mut last = None;
@@ -172,7 +177,7 @@ impl Upstream {
             req.headers_mut()
                 .entry(HOST)
                 .or_insert_with(|| target.host.clone());
-            let sent = self.pool.send(i, req);
+            let sent = self.pool.send(i, req, now);
             let err = match tokio::time::timeout_at(deadline, sent).await {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
@@ -204,7 +209,7 @@ impl Upstream {
                 return Err(err);
             }
             target.down_until_ms.store(
-                now_ms() + REFUSED_BACKOFF.as_millis() as u64,
+                ms_at(Instant::now()) + REFUSED_BACKOFF.as_millis() as u64,
                 Ordering::Relaxed,
             );
             last = Some(err);

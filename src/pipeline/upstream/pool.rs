@@ -163,8 +163,9 @@ impl Pool {
         self: &Arc<Self>,
         target: usize,
         mut req: Request<ReplayBody>,
+        now: Instant,
     ) -> Result<Response<Streamed>, SendError> {
-        while let Some(mut send) = self.checkout(target) {
+        while let Some(mut send) = self.checkout(target, now) {
             match send.try_send_request(req).await {
                 Ok(res) => return Ok(self.lend(target, res, send)),
                 // Not sent: the connection was closing. Another one gets it.
@@ -198,10 +199,10 @@ impl Pool {
     }
 
     /// This worker's most recently used connection of `target` that is ready for a request,
-    /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`]).
-    fn checkout(&self, target: usize) -> Option<SendRequest<ReplayBody>> {
+    /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`] at `now`).
+    fn checkout(&self, target: usize, now: Instant) -> Option<SendRequest<ReplayBody>> {
         let mut list = self.idle(target, worker()).lock();
-        prune(&mut list, Instant::now());
+        prune(&mut list, now);
         while let Some(idle) = list.pop() {
             if idle.send.is_ready() {
                 return Some(idle.send);
