@@ -29,14 +29,15 @@ pub fn material<'a>(values: impl IntoIterator<Item = &'a str>) -> String {
 /// Marks the anonymous plan's identity (the client's address): never a consumer's name.
 const ANONYMOUS: &str = "\u{1}anonymous\0";
 
-/// The material of a plan limit for a request on `anonymous_plan` from `ip_key`.
+/// The material of a plan limit for a request on `anonymous_plan` from `ip_key`. (Joined
+/// with `concat`, not `format!`: these are built per request.)
 pub fn anonymous(ip_key: &str) -> String {
-    format!("{ANONYMOUS}{ip_key}")
+    [ANONYMOUS, ip_key].concat()
 }
 
 /// The material of the `on_missing: ip` fallback for a client whose `by: ip` value is `ip_key`.
 pub fn ip_fallback(ip_key: &str) -> String {
-    format!("{IP_FALLBACK}{ip_key}")
+    [IP_FALLBACK, ip_key].concat()
 }
 
 /// `key_base{hash}`: 128 bits of SHA-256 of the material, hex.
