@@ -100,10 +100,12 @@ mod tests {
 
     #[test]
     fn removes_fields_named_by_connection() {
-        // RFC 9110 §7.6.1: "a proxy ... MUST remove ... any header fields listed in Connection".
+        // RFC 9110 §7.6.1: "a proxy ... MUST remove ... any header fields listed in Connection";
+        // §5.1: names are case-insensitive; §5.3: every line of a listed field goes.
         let mut h = map(&[
             ("connection", "close, X-Secret , x-other"),
             ("x-secret", "1"),
+            ("x-secret", "1b"),
             ("x-other", "2"),
             ("x-kept", "3"),
         ]);
@@ -112,6 +114,7 @@ mod tests {
         assert!(h.get("x-secret").is_none());
         assert!(h.get("x-other").is_none());
         assert_eq!(h.get("x-kept").unwrap(), "3");
+        assert_eq!(h.len(), 1);
     }
 
     #[test]
@@ -163,21 +166,6 @@ mod tests {
         let before = h.clone();
         strip(&mut h, false);
         assert_eq!(h, before);
-    }
-
-    #[test]
-    fn connection_names_match_any_case_and_every_line_of_a_field_goes() {
-        // RFC 9110 §5.1: field names are case-insensitive; §5.3: a field may span lines.
-        let mut h = map(&[
-            ("connection", "X-Trace"),
-            ("x-trace", "1"),
-            ("x-trace", "2"),
-            ("x-keep", "3"),
-        ]);
-        strip(&mut h, false);
-        assert!(h.get("x-trace").is_none());
-        assert_eq!(h.len(), 1);
-        assert_eq!(h.get("x-keep").unwrap(), "3");
     }
 
     #[test]
