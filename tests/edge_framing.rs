@@ -407,6 +407,38 @@ fn head_of_60k_is_accepted() {
     assert_eq!(settled_hits(&up), 2);
 }
 
+/// RFC 9110 §7.6.1: the fields a request's `Connection` names are not forwarded. A hostile
+/// head lists thousands of names there (about 60 KB of them, under the head limit): the
+/// request is still answered, and exactly the named fields are dropped.
+#[test]
+fn connection_naming_thousands_of_fields_is_answered_without_them() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let mut names: Vec<String> = (0..6_500).map(|i| format!("X-N{i}")).collect();
+    names.push("x-secret".into());
+    let mut fields = vec![("Connection".to_string(), names.join(","))];
+    fields.extend(
+        (0..6_500)
+            .step_by(250)
+            .map(|i| (format!("x-n{i}"), "1".to_string())),
+    );
+    fields.push(("X-N6500".into(), "unlisted".into()));
+    fields.push(("X-Secret".into(), "s".into()));
+    fields.push(("X-Kept".into(), "k".into()));
+    let req = with_headers(&fields);
+    assert!(req.len() > 50_000 && req.len() < 64 * 1024, "{}", req.len());
+    let ex = exchange(s.addr, &req, QUIET);
+    let r = ex.one();
+    assert_eq!(r.status, 200, "{}", ex.text());
+    let seen = &r.json()["headers"];
+    assert_eq!(seen["x-kept"][0], "k");
+    assert_eq!(seen["x-n6500"][0], "unlisted");
+    for gone in ["x-secret", "x-n0", "x-n250", "x-n6250", "connection"] {
+        assert!(seen.get(gone).is_none(), "{gone} was forwarded: {seen}");
+    }
+    assert_eq!(settled_hits(&up), 1);
+}
+
 /// A head near the limit followed at once by a body in the same write: the body bytes
 /// sharing the read buffer with the head must not count against the head limit.
 #[test]

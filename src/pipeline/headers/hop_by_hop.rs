@@ -3,6 +3,8 @@
 //! well-known ones below. `Upgrade` (and `Connection: upgrade`) survive only for an upgrade
 //! pass-through, where the handshake itself must reach the other side.
 
+use std::collections::HashSet;
+
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 const ALWAYS: [HeaderName; 7] = [
@@ -37,6 +39,11 @@ fn always(name: &HeaderName) -> bool {
     name == header::CONNECTION || name == header::UPGRADE || ALWAYS.contains(name)
 }
 
+/// Past this many names in `Connection`, a field name is looked up among them by hash, not
+/// compared with each: a hostile head can list tens of thousands (64 KiB of `a,a,...`), and
+/// comparing each of up to 100 field names with each of them would cost milliseconds.
+const SCAN: usize = 8;
+
 /// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
 ///
 /// One pass over the head's distinct names, removing only those present: most heads carry
@@ -45,12 +52,22 @@ fn always(name: &HeaderName) -> bool {
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     let doomed: Vec<HeaderName> = {
         let named: Vec<&str> = connection_names(headers).collect();
+        let many: HashSet<String> = if named.len() > SCAN {
+            named.iter().map(|n| n.to_ascii_lowercase()).collect()
+        } else {
+            HashSet::new()
+        };
+        // Field names are stored lowercase; `Connection` may name them in any case.
+        let listed = |k: &HeaderName| {
+            if named.len() > SCAN {
+                many.contains(k.as_str())
+            } else {
+                named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))
+            }
+        };
         headers
             .keys()
-            .filter(|k| {
-                let hop = always(k) || named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n));
-                hop && !(keep_upgrade && k == &header::UPGRADE)
-            })
+            .filter(|k| (always(k) || listed(k)) && !(keep_upgrade && *k == header::UPGRADE))
             .cloned()
             .collect()
     };
@@ -178,5 +195,28 @@ mod tests {
         strip(&mut h, true);
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("connection").unwrap(), "upgrade");
+    }
+
+    #[test]
+    fn a_connection_naming_thousands_of_fields_drops_exactly_those_named() {
+        // Past `SCAN` names the lookup is by hash: same answer, any case.
+        let mut list: Vec<String> = (0..5_000).map(|i| format!("X-N{i}")).collect();
+        list.push("x-secret".into());
+        let mut h = map(&[
+            ("connection", &list.join(", ")),
+            ("x-secret", "s"),
+            ("x-kept", "k"),
+        ]);
+        for i in (0..5_000).step_by(500) {
+            h.append(
+                HeaderName::from_bytes(format!("x-n{i}").as_bytes()).unwrap(),
+                HeaderValue::from_static("1"),
+            );
+        }
+        h.append("x-n5000", HeaderValue::from_static("unlisted"));
+        strip(&mut h, false);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["x-kept", "x-n5000"]);
     }
 }
