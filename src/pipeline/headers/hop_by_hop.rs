@@ -52,18 +52,12 @@ const SCAN: usize = 8;
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     let doomed: Vec<HeaderName> = {
         let named: Vec<&str> = connection_names(headers).collect();
-        let many: HashSet<String> = if named.len() > SCAN {
-            named.iter().map(|n| n.to_ascii_lowercase()).collect()
-        } else {
-            HashSet::new()
-        };
+        let many: Option<HashSet<String>> =
+            (named.len() > SCAN).then(|| named.iter().map(|n| n.to_ascii_lowercase()).collect());
         // Field names are stored lowercase; `Connection` may name them in any case.
-        let listed = |k: &HeaderName| {
-            if named.len() > SCAN {
-                many.contains(k.as_str())
-            } else {
-                named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n))
-            }
+        let listed = |k: &HeaderName| match &many {
+            Some(set) => set.contains(k.as_str()),
+            None => named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)),
         };
         headers
             .keys()
