@@ -39,10 +39,27 @@ fn always(name: &HeaderName) -> bool {
     name == header::CONNECTION || name == header::UPGRADE || ALWAYS.contains(name)
 }
 
-/// Past this many names in `Connection`, a field name is looked up among them by hash, not
-/// compared with each: a hostile head can list tens of thousands (64 KiB of `a,a,...`), and
-/// comparing each of up to 100 field names with each of them would cost milliseconds.
+/// Past this many names in `Connection`, each is looked up among the head's field names by
+/// hash ([`present`]) rather than compared with each of them: a hostile head can list tens of
+/// thousands (64 KiB of `a,a,...`) against up to 100 fields, millions of comparisons.
 const SCAN: usize = 8;
+
+/// The head's field names that `named` lists: one pass over the names, each lowercased into
+/// one reused buffer and looked up among the head's (at most a hundred) distinct names.
+fn present<'h>(headers: &'h HeaderMap, named: &[&str]) -> HashSet<&'h str> {
+    let fields: HashSet<&str> = headers.keys().map(HeaderName::as_str).collect();
+    let mut lower = String::new();
+    let mut hit = HashSet::new();
+    for n in named {
+        lower.clear();
+        lower.push_str(n);
+        lower.make_ascii_lowercase();
+        if let Some(f) = fields.get(lower.as_str()) {
+            hit.insert(*f);
+        }
+    }
+    hit
+}
 
 /// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
 ///
@@ -52,9 +69,8 @@ const SCAN: usize = 8;
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     let doomed: Vec<HeaderName> = {
         let named: Vec<&str> = connection_names(headers).collect();
-        let many: Option<HashSet<String>> =
-            (named.len() > SCAN).then(|| named.iter().map(|n| n.to_ascii_lowercase()).collect());
         // Field names are stored lowercase; `Connection` may name them in any case.
+        let many = (named.len() > SCAN).then(|| present(headers, &named));
         let listed = |k: &HeaderName| match &many {
             Some(set) => set.contains(k.as_str()),
             None => named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)),
