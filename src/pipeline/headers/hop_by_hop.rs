@@ -3,8 +3,6 @@
 //! well-known ones below. `Upgrade` (and `Connection: upgrade`) survive only for an upgrade
 //! pass-through, where the handshake itself must reach the other side.
 
-use std::collections::HashSet;
-
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 const ALWAYS: [HeaderName; 7] = [
@@ -39,54 +37,43 @@ fn always(name: &HeaderName) -> bool {
     name == header::CONNECTION || name == header::UPGRADE || ALWAYS.contains(name)
 }
 
-/// Past this many names in `Connection`, each is looked up among the head's field names by
-/// hash ([`present`]) rather than compared with each of them: a hostile head can list tens of
-/// thousands (64 KiB of `a,a,...`) against up to 100 fields, millions of comparisons.
-const SCAN: usize = 8;
-
-/// The head's field names that `named` lists: one pass over the names, each lowercased into
-/// one reused buffer and looked up among the head's (at most a hundred) distinct names.
-fn present<'h>(headers: &'h HeaderMap, named: &[&str]) -> HashSet<&'h str> {
-    let fields: HashSet<&str> = headers.keys().map(HeaderName::as_str).collect();
-    let mut lower = String::new();
-    let mut hit = HashSet::new();
-    for n in named {
-        lower.clear();
-        lower.push_str(n);
-        lower.make_ascii_lowercase();
-        if let Some(f) = fields.get(lower.as_str()) {
-            hit.insert(*f);
-        }
-    }
-    hit
-}
-
 /// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
 ///
-/// One pass over the head's distinct names, removing only those present: most heads carry
-/// none or only `Connection`, and removing each of the ten or so candidates by name would
-/// hash every one of them, twice per request (the request and the answer).
+/// The fixed ones by one pass over the head's distinct names, removing only those present
+/// (removing each of the ten or so candidates by name would hash every one of them, twice per
+/// request: the request and the answer); then each name `Connection` lists by one lookup
+/// (any case), so a hostile head listing thousands costs one pass over them, not a comparison
+/// per name and field.
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let doomed: Vec<HeaderName> = {
-        let named: Vec<&str> = connection_names(headers).collect();
-        // Field names are stored lowercase; `Connection` may name them in any case.
-        let many = (named.len() > SCAN).then(|| present(headers, &named));
-        let listed = |k: &HeaderName| match &many {
-            Some(set) => set.contains(k.as_str()),
-            None => named.iter().any(|n| k.as_str().eq_ignore_ascii_case(n)),
-        };
-        headers
-            .keys()
-            .filter(|k| (always(k) || listed(k)) && !(keep_upgrade && *k == header::UPGRADE))
-            .cloned()
-            .collect()
-    };
-    for n in doomed {
+    // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map can be
+    // changed while they are read.
+    let listed: String = connection_names(headers)
+        .filter(|n| !settled(n))
+        .flat_map(|n| [n, ","])
+        .collect();
+    let fixed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|k| always(k) && !(keep_upgrade && *k == header::UPGRADE))
+        .cloned()
+        .collect();
+    for n in fixed {
+        headers.remove(n);
+    }
+    for n in listed.split_terminator(',') {
+        // Not a valid field name: nothing by that name to remove.
         headers.remove(n);
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
+}
+
+/// Names `Connection` lists that the fixed pass has already dealt with: `keep-alive` (the
+/// `Keep-Alive` field) and `upgrade` (`Upgrade`, removed or kept for a pass-through).
+/// `close` is still looked up: RFC 9112 §9.6 reserves `Close` as a field name, and a field
+/// named by `Connection` goes whatever its name.
+fn settled(name: &str) -> bool {
+    name.eq_ignore_ascii_case("keep-alive") || name.eq_ignore_ascii_case("upgrade")
 }
 
 #[cfg(test)]
@@ -135,9 +122,11 @@ mod tests {
             ("x-secret", "1b"),
             ("x-other", "2"),
             ("x-kept", "3"),
+            ("close", "4"),
         ]);
         strip(&mut h, false);
         assert!(h.get("connection").is_none());
+        assert!(h.get("close").is_none());
         assert!(h.get("x-secret").is_none());
         assert!(h.get("x-other").is_none());
         assert_eq!(h.get("x-kept").unwrap(), "3");
@@ -209,7 +198,7 @@ mod tests {
 
     #[test]
     fn a_connection_naming_thousands_of_fields_drops_exactly_those_named() {
-        // Past `SCAN` names the lookup is by hash: same answer, any case.
+        // Each listed name is one lookup, in any case.
         let mut list: Vec<String> = (0..5_000).map(|i| format!("X-N{i}")).collect();
         list.push("x-secret".into());
         let mut h = map(&[
