@@ -9,6 +9,7 @@ pub mod admin;
 pub mod config;
 pub mod limiter;
 pub mod model;
+pub mod net;
 pub mod pipeline;
 pub mod runtime;
 pub mod telemetry;

@@ -466,3 +466,40 @@ async fn large_bodies_stream_without_buffering() {
         "RSS grew by {growth_mib} MiB while streaming 2 GiB"
     );
 }
+
+/// Messages on either side of the gather limit (`src/net.rs`: small head-and-body writes go
+/// out as one `send`, larger ones stay vectored) arrive intact both ways: a request head that
+/// echoes back in the answer's body, and a request body counted by the upstream.
+#[tokio::test]
+async fn messages_around_the_gather_limit_arrive_intact() {
+    use sluice::net::GATHER_MAX;
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c = client();
+    let sizes = [
+        0,
+        1,
+        GATHER_MAX / 2 - 200,
+        GATHER_MAX / 2,
+        GATHER_MAX - 500,
+        GATHER_MAX - 250,
+        GATHER_MAX,
+        GATHER_MAX + 1,
+        3 * GATHER_MAX + 7,
+    ];
+    for n in sizes {
+        let pad: String = (0..n).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+        let body: Vec<u8> = (0..n).map(|i| (i % 251) as u8).collect();
+        let r = send(&c, Method::POST, &s.url("/echo"), &[("x-pad", &pad)], &body).await;
+        assert_eq!(r.status, 200, "n = {n}: {}", r.text());
+        let doc = r.json();
+        assert_eq!(doc["body_len"], n, "n = {n}");
+        let echoed = doc["headers"]["x-pad"][0].as_str().unwrap_or_default();
+        assert!(echoed == pad, "n = {n}: the echoed head differs");
+        assert_eq!(
+            r.header("content-length"),
+            Some(r.body.len().to_string().as_str()),
+            "n = {n}"
+        );
+    }
+}

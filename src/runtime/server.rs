@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::proxy_protocol::{self, Proxied};
+use crate::net::Gather;
 use crate::pipeline::context::ConnInfo;
 
 use crate::pipeline::body::{full, Body};
@@ -229,7 +230,7 @@ where
         });
         let conn = self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(io), svc)
+            .serve_connection_with_upgrades(TokioIo::new(Gather(io)), svc)
             .into_owned();
         let _ = self.graceful.watch(conn).await;
     }

@@ -30,6 +30,8 @@ use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::rt::TokioIo;
+
+use crate::net::Gather;
 use parking_lot::Mutex;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -188,7 +190,7 @@ impl Pool {
     ) -> Result<Response<Streamed>, SendError> {
         let io = self.connector.connect(&self.targets[target].0).await?;
         let (mut send, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(io))
+            .handshake(TokioIo::new(Gather(io)))
             .await
             .map_err(SendError::Http)?;
         tokio::spawn(conn.with_upgrades());
