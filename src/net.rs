@@ -8,6 +8,10 @@
 //! answers with `send` and does not pay it); copying a few hundred bytes costs far less.
 //! hyper's own `writev(false)` flattening was measured too and lost: it copies every body
 //! chunk, whatever its size, into its head buffer.
+//!
+//! Every client and upstream connection is wrapped; a TLS one twice: above TLS, so a small
+//! head and body become one record, and below it, so the records rustls writes go out in one
+//! `send`.
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};

@@ -190,7 +190,7 @@ where
             };
             return self.serve(stream, info).await;
         };
-        match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+        match tokio::time::timeout(limit, acceptor.accept(Gather(stream))).await {
             Ok(Ok(tls)) => {
                 let info = ConnInfo {
                     peer,

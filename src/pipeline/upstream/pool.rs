@@ -102,7 +102,10 @@ impl Connector {
             let e = format!("{} is not a valid TLS server name", dest.host);
             SendError::Connect(io::Error::new(io::ErrorKind::InvalidInput, e))
         })?;
-        let stream = tls.connect(name, tcp).await.map_err(SendError::Connect)?;
+        let stream = tls
+            .connect(name, Gather(tcp))
+            .await
+            .map_err(SendError::Connect)?;
         Ok(Io::Tls(Box::new(stream)))
     }
 }
@@ -293,7 +296,7 @@ fn prune(list: &mut Vec<Idle>, now: Instant) {
 /// A connection's socket: TCP, or TLS over TCP for https upstreams.
 pub(super) enum Io {
     Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
+    Tls(Box<TlsStream<Gather<TcpStream>>>),
 }
 
 impl AsyncRead for Io {
