@@ -9,9 +9,9 @@
 //! hyper's own `writev(false)` flattening was measured too and lost: it copies every body
 //! chunk, whatever its size, into its head buffer.
 //!
-//! Every client and upstream connection is wrapped; a TLS one twice: above TLS, so a small
-//! head and body become one record, and below it, so the records rustls writes go out in one
-//! `send`.
+//! Every client and upstream TCP socket is wrapped, under TLS too (the records rustls writes
+//! then leave in one `send`). Never above TLS: rustls already makes one record of a head and
+//! body written together.
 
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
@@ -73,12 +73,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Gather<T> {
         if bufs.iter().map(|b| b.len()).sum::<usize>() > GATHER_MAX {
             return inner.poll_write_vectored(cx, bufs);
         }
-        SCRATCH.with_borrow_mut(|scratch| {
+        SCRATCH.with(|cell| {
+            // Busy only if a gathered write reached another `Gather` below it through a layer
+            // that turns one write into several (TLS): that one stays vectored.
+            let Ok(mut scratch) = cell.try_borrow_mut() else {
+                return inner.poll_write_vectored(cx, bufs);
+            };
             scratch.clear();
             for b in bufs {
                 scratch.extend_from_slice(b);
             }
-            let sent = inner.poll_write(cx, scratch);
+            let sent = inner.poll_write(cx, &scratch);
             scratch.clear();
             sent
         })
@@ -189,6 +194,47 @@ mod tests {
             GATHER_MAX
         );
         assert_eq!(g.0.plain.len(), 1);
+    }
+
+    /// A layer that writes each buffer it is given as two halves, vectored (as TLS turns one
+    /// write into records).
+    struct Splitter<T>(T);
+
+    impl<T: AsyncWrite + Unpin> AsyncWrite for Splitter<T> {
+        fn poll_write(
+            self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+            buf: &[u8],
+        ) -> Poll<io::Result<usize>> {
+            let (a, b) = buf.split_at(buf.len() / 2);
+            Pin::new(&mut self.get_mut().0)
+                .poll_write_vectored(cx, &[IoSlice::new(a), IoSlice::new(b)])
+        }
+
+        fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().0).poll_flush(cx)
+        }
+
+        fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+            Pin::new(&mut self.get_mut().0).poll_shutdown(cx)
+        }
+    }
+
+    /// A gathered write that reaches another `Gather` (through a layer like TLS) finds the
+    /// thread's scratch buffer in use: the inner write stays vectored instead of panicking.
+    #[test]
+    fn a_gather_below_a_gather_writes_vectored() {
+        let mut g = Gather(Splitter(gather(usize::MAX)));
+        let bufs = [IoSlice::new(b"head:"), IoSlice::new(b"body")];
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let n = Pin::new(&mut g).poll_write_vectored(&mut cx, &bufs);
+        assert!(matches!(n, Poll::Ready(Ok(9))), "{n:?}");
+        let rec = &g.0 .0 .0;
+        assert!(rec.plain.is_empty());
+        assert_eq!(
+            rec.vectored,
+            vec![vec![b"head".to_vec(), b":body".to_vec()]]
+        );
     }
 
     /// A short write reports the bytes taken from the start of all the buffers, so the caller

@@ -141,7 +141,7 @@ pub async fn serve<H, F>(
                 if accept.tls.is_none() && !accept.proxy_protocol {
                     // The plain path: no extra task hop, no handshake.
                     let info = ConnInfo { peer, proxied: None, tls: false };
-                    tokio::spawn(conn.serve(stream, info));
+                    tokio::spawn(conn.serve(Gather(stream), info));
                 } else {
                     tokio::spawn(conn.open(stream, peer, accept.clone(), header_timeout));
                 }
@@ -188,7 +188,7 @@ where
                 proxied,
                 tls: false,
             };
-            return self.serve(stream, info).await;
+            return self.serve(Gather(stream), info).await;
         };
         match tokio::time::timeout(limit, acceptor.accept(Gather(stream))).await {
             Ok(Ok(tls)) => {
@@ -204,7 +204,9 @@ where
         }
     }
 
-    /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`.
+    /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`,
+    /// whose TCP socket is [`Gather`]ed (below TLS, never above it: rustls already makes one
+    /// record of a head and body written together).
     async fn serve<IO>(self, io: IO, info: ConnInfo)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -230,7 +232,7 @@ where
         });
         let conn = self
             .builder
-            .serve_connection_with_upgrades(TokioIo::new(Gather(io)), svc)
+            .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
         let _ = self.graceful.watch(conn).await;
     }

@@ -96,7 +96,7 @@ impl Connector {
             .map_err(|_| SendError::ConnectTimeout)?
             .map_err(SendError::Connect)?;
         let Some(tls) = &self.tls else {
-            return Ok(Io::Plain(tcp));
+            return Ok(Io::Plain(Gather(tcp)));
         };
         let name = dest.tls_name.clone().ok_or_else(|| {
             let e = format!("{} is not a valid TLS server name", dest.host);
@@ -193,7 +193,7 @@ impl Pool {
     ) -> Result<Response<Streamed>, SendError> {
         let io = self.connector.connect(&self.targets[target].0).await?;
         let (mut send, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(Gather(io)))
+            .handshake(TokioIo::new(io))
             .await
             .map_err(SendError::Http)?;
         tokio::spawn(conn.with_upgrades());
@@ -293,9 +293,10 @@ fn prune(list: &mut Vec<Idle>, now: Instant) {
     list.drain(..old);
 }
 
-/// A connection's socket: TCP, or TLS over TCP for https upstreams.
+/// A connection's socket: TCP, or TLS over TCP for https upstreams; either way the TCP socket
+/// is [`Gather`]ed (under TLS, so the records rustls writes leave together).
 pub(super) enum Io {
-    Plain(TcpStream),
+    Plain(Gather<TcpStream>),
     Tls(Box<TlsStream<Gather<TcpStream>>>),
 }
 
