@@ -133,6 +133,8 @@ pub async fn serve<H, F>(
                     }
                 };
                 let _ = stream.set_nodelay(true);
+                // Below any PROXY header reader and TLS: see `crate::net`.
+                let stream = Gather(stream);
                 let conn = Connection {
                     builder: builder.clone(),
                     handler: handler.clone(),
@@ -141,7 +143,7 @@ pub async fn serve<H, F>(
                 if accept.tls.is_none() && !accept.proxy_protocol {
                     // The plain path: no extra task hop, no handshake.
                     let info = ConnInfo { peer, proxied: None, tls: false };
-                    tokio::spawn(conn.serve(Gather(stream), info));
+                    tokio::spawn(conn.serve(stream, info));
                 } else {
                     tokio::spawn(conn.open(stream, peer, accept.clone(), header_timeout));
                 }
@@ -170,7 +172,13 @@ where
 {
     /// Read the PROXY header and/or complete the TLS handshake, then serve HTTP. A connection
     /// that fails either is closed without an answer (there is no HTTP to answer in yet).
-    async fn open(self, mut stream: TcpStream, peer: SocketAddr, accept: Accept, limit: Duration) {
+    async fn open(
+        self,
+        mut stream: Gather<TcpStream>,
+        peer: SocketAddr,
+        accept: Accept,
+        limit: Duration,
+    ) {
         let mut proxied = None;
         if accept.proxy_protocol {
             match proxy_protocol::read_header(&mut stream, limit).await {
@@ -188,9 +196,9 @@ where
                 proxied,
                 tls: false,
             };
-            return self.serve(Gather(stream), info).await;
+            return self.serve(stream, info).await;
         };
-        match tokio::time::timeout(limit, acceptor.accept(Gather(stream))).await {
+        match tokio::time::timeout(limit, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
                 let info = ConnInfo {
                     peer,
