@@ -31,6 +31,7 @@ const FAMILIES: &[(&str, &[&str])] = &[
     ("sluice_plan_requests_total", &["plan"]),
     ("sluice_limit_charged_total", &["route", "limit"]),
     ("sluice_limit_inflight", &["route", "limit"]),
+    ("sluice_connections_open", &[]),
 ];
 
 fn dashboard() -> Value {
@@ -518,6 +519,10 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
         (
             "Plan quota consumed per second by plan limit",
             vec![(vec![("limit", "starter/per-minute")], Positive)],
+        ),
+        (
+            "Open client connections by worker",
+            vec![(vec![("worker", "1")], Present)],
         ),
     ];
 

@@ -729,6 +729,7 @@ fn panicking_server(
         Duration::from_secs(5),
         stop_rx,
         Duration::from_secs(1),
+        None,
     ));
     (addr, stop_tx)
 }

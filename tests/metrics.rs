@@ -10,7 +10,8 @@ use std::time::Duration;
 use http::Method;
 use support::*;
 
-/// Every family of SPEC §5: name, `# TYPE`, label names (without `le`).
+/// Every family of SPEC §5 and the two sluice adds (certificate expiry, connections per
+/// worker): name, `# TYPE`, label names (without `le`).
 const FAMILIES: &[(&str, &str, &[&str])] = &[
     ("sluice_requests_total", "counter", &["route", "outcome"]),
     (
@@ -34,6 +35,7 @@ const FAMILIES: &[(&str, &str, &[&str])] = &[
         "gauge",
         &["listener", "cert"],
     ),
+    ("sluice_connections_open", "gauge", &["worker"]),
 ];
 
 /// A live upstream, a dead one (nothing listens), a keyed route that rejects requests

@@ -303,6 +303,54 @@ async fn every_worker_serves_and_drains() {
     assert!(status.success(), "{status:?}");
 }
 
+/// The kernel wakes every worker for a new connection and the first awake takes all that
+/// are queued; sluice then hands each to the worker holding the fewest. 12 clients
+/// connecting one after another to 3 workers end up 4 on each, whichever worker accepted
+/// them, and closing them brings every worker's count back to 0.
+#[tokio::test]
+async fn connections_are_spread_evenly_over_the_workers() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!("workers: 3\n{}", plain(&up)));
+    let open = |text: &str| -> Vec<f64> {
+        (1..=3)
+            .map(|w| {
+                metric(
+                    text,
+                    "sluice_connections_open",
+                    &[("worker", &w.to_string())],
+                )
+            })
+            .collect()
+    };
+    let mut held = Vec::new();
+    for i in 0..12 {
+        let mut c = TcpStream::connect(s.addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        write!(c, "GET /spread/{i} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut buf = [0; 64];
+        let n = c.read(&mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{:?}", &buf[..n]);
+        held.push(c);
+    }
+    let metrics = get(&client(), &s.admin_url("/metrics"), &[]).await.text();
+    assert_eq!(open(&metrics), [4.0, 4.0, 4.0], "connections per worker");
+
+    drop(held);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let metrics = get(&client(), &s.admin_url("/metrics"), &[]).await.text();
+        let now = open(&metrics);
+        if now == [0.0, 0.0, 0.0] {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still counted after closing: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn upstream_timeout_is_504() {
     let up = Upstream::start();

@@ -8,6 +8,7 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 
+use super::spread::{Share, Spread};
 use super::Runtime;
 use super::{reload, server};
 use crate::admin;
@@ -96,6 +97,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         header_timeout,
         stop_rx.clone(),
         Duration::from_secs(1),
+        None,
     ));
 
     // The data listener opens only once the store is ready (connected, script loaded): a
@@ -160,16 +162,27 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         }
     });
 
-    // Workers 2..N serve clones of the same listening sockets on threads of their own.
+    // Workers 2..N serve clones of the same listening sockets on threads of their own, and
+    // every listener's connections are spread over the workers.
     let serving = Serving {
         gw: gw.clone(),
         header_timeout,
         drain,
         stop: stop_rx.clone(),
     };
+    let open = gw.metrics.connections(gw.boot.workers);
+    let mut shares: Vec<_> = data
+        .iter()
+        .map(|_| Spread::shares(open.clone()).into_iter())
+        .collect();
+    let mut take_shares =
+        || -> Vec<Share> { shares.iter_mut().filter_map(Iterator::next).collect() };
+    let first = take_shares();
     let mut others = Vec::new();
     for index in 1..gw.boot.workers {
-        match clone_listeners(&data).and_then(|l| serving.clone().spawn_worker(index, l)) {
+        let started = clone_listeners(&data)
+            .and_then(|l| serving.clone().spawn_worker(index, l, take_shares()));
+        match started {
             Ok(done) => others.push(done),
             Err(e) => {
                 tracing::error!(worker = index, error = %e, "cannot start a worker");
@@ -177,7 +190,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
             }
         }
     }
-    let data_tasks = serving.serve(data);
+    let data_tasks = serving.serve(data, first);
     drop(stop_rx);
 
     shutdown.await;
@@ -208,9 +221,14 @@ struct Serving {
 
 impl Serving {
     /// Serve every listener on the current runtime until `stop` flips and they have drained.
-    fn serve(self, data: Vec<(TcpListener, server::Accept)>) -> Vec<tokio::task::JoinHandle<()>> {
+    fn serve(
+        self,
+        data: Vec<(TcpListener, server::Accept)>,
+        shares: Vec<Share>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         data.into_iter()
-            .map(|(socket, accept)| {
+            .zip(shares)
+            .map(|((socket, accept), share)| {
                 let g = self.gw.clone();
                 tokio::spawn(server::serve(
                     socket,
@@ -224,6 +242,7 @@ impl Serving {
                     self.header_timeout,
                     self.stop.clone(),
                     self.drain,
+                    Some(share),
                 ))
             })
             .collect()
@@ -238,6 +257,7 @@ impl Serving {
         self,
         index: usize,
         listeners: Vec<(std::net::TcpListener, server::Accept)>,
+        shares: Vec<Share>,
     ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -255,7 +275,7 @@ impl Serving {
                             Err(e) => tracing::error!(worker = index, error = %e, "cannot serve"),
                         }
                     }
-                    for t in self.serve(data) {
+                    for t in self.serve(data, shares) {
                         let _ = t.await;
                     }
                 });

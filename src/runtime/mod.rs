@@ -5,6 +5,7 @@ pub mod app;
 pub mod proxy_protocol;
 pub mod reload;
 pub mod server;
+pub mod spread;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -24,6 +24,7 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
 use super::proxy_protocol::{self, Proxied};
+use super::spread::{Handover, Open, Share};
 use crate::net::Gather;
 use crate::pipeline::context::ConnInfo;
 
@@ -96,7 +97,8 @@ pub struct Accept {
 
 /// Serve `listener` with `handler` until `stop` flips, then give in-flight requests up to
 /// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head
-/// (and bounds the PROXY header and the TLS handshake).
+/// (and bounds the PROXY header and the TLS handshake). With a `share`, this worker takes
+/// part in spreading the listener's connections over the workers (see [`super::spread`]).
 pub async fn serve<H, F>(
     listener: TcpListener,
     accept: Accept,
@@ -104,6 +106,7 @@ pub async fn serve<H, F>(
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
+    mut share: Option<Share>,
 ) where
     H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
@@ -120,6 +123,28 @@ pub async fn serve<H, F>(
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_REQUEST_HEAD as u32);
     let builder = Arc::new(builder);
+    let start = |stream: TcpStream, peer: SocketAddr, open: Option<Open>| {
+        let _ = stream.set_nodelay(true);
+        // Below any PROXY header reader and TLS: see `crate::net`.
+        let stream = Gather(stream);
+        let conn = Connection {
+            builder: builder.clone(),
+            handler: handler.clone(),
+            graceful: graceful.watcher(),
+        };
+        if accept.tls.is_none() && !accept.proxy_protocol {
+            // The plain path: no extra task hop, no handshake.
+            let info = ConnInfo {
+                peer,
+                proxied: None,
+                tls: false,
+            };
+            tokio::spawn(counted(open, conn.serve(stream, info)));
+        } else {
+            let opened = conn.open(stream, peer, accept.clone(), header_timeout);
+            tokio::spawn(counted(open, opened));
+        }
+    };
     loop {
         tokio::select! {
             accepted = listener.accept() => {
@@ -132,23 +157,41 @@ pub async fn serve<H, F>(
                         continue;
                     }
                 };
-                let _ = stream.set_nodelay(true);
-                // Below any PROXY header reader and TLS: see `crate::net`.
-                let stream = Gather(stream);
-                let conn = Connection {
-                    builder: builder.clone(),
-                    handler: handler.clone(),
-                    graceful: graceful.watcher(),
+                let Some(share) = &share else {
+                    start(stream, peer, None);
+                    continue;
                 };
-                if accept.tls.is_none() && !accept.proxy_protocol {
-                    // The plain path: no extra task hop, no handshake.
-                    let info = ConnInfo { peer, proxied: None, tls: false };
-                    tokio::spawn(conn.serve(stream, info));
-                } else {
-                    tokio::spawn(conn.open(stream, peer, accept.clone(), header_timeout));
+                let (to, open) = share.spread.assign(share.worker);
+                if to == share.worker {
+                    start(stream, peer, Some(open));
+                    continue;
+                }
+                let stream = match stream.into_std() {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::debug!(%peer, error = %e, "cannot hand a connection over; closed");
+                        continue;
+                    }
+                };
+                if let Err(back) = share.spread.hand(to, Handover { stream, peer, open }) {
+                    // That worker stopped receiving meanwhile: serve it here after all.
+                    drop(back.open);
+                    let open = share.spread.count(share.worker);
+                    match TcpStream::from_std(back.stream) {
+                        Ok(s) => start(s, peer, Some(open)),
+                        Err(e) => tracing::debug!(%peer, error = %e, "connection lost in handover"),
+                    }
                 }
             }
+            Some(h) = handed(&mut share) => receive(h, &start),
             _ = stop.changed() => break,
+        }
+    }
+    // Connections already handed to this worker are served and drained like its own.
+    if let Some(share) = &mut share {
+        share.inbox.close();
+        while let Ok(h) = share.inbox.try_recv() {
+            receive(h, &start);
         }
     }
     drop(listener);
@@ -156,6 +199,28 @@ pub async fn serve<H, F>(
         _ = graceful.shutdown() => tracing::info!("all connections drained"),
         _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "drain deadline passed; closing remaining connections"),
     }
+}
+
+/// The next connection another worker handed to this one; never, without a share.
+async fn handed(share: &mut Option<Share>) -> Option<Handover> {
+    match share {
+        Some(s) => s.inbox.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serve a connection another worker accepted, on this worker's poller.
+fn receive(h: Handover, start: &impl Fn(TcpStream, SocketAddr, Option<Open>)) {
+    match TcpStream::from_std(h.stream) {
+        Ok(s) => start(s, h.peer, Some(h.open)),
+        Err(e) => tracing::debug!(peer = %h.peer, error = %e, "connection lost in handover"),
+    }
+}
+
+/// `task`, holding its connection's place on the worker's count until it ends.
+async fn counted(open: Option<Open>, task: impl Future<Output = ()>) {
+    task.await;
+    drop(open);
 }
 
 /// One accepted connection and what serving it needs.

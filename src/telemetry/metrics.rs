@@ -26,6 +26,7 @@ pub struct Metrics {
     pub plan_requests: IntCounterVec,
     pub limit_inflight: IntGaugeVec,
     pub limit_charged: IntCounterVec,
+    pub connections_open: IntGaugeVec,
 }
 
 /// Request latency buckets: 0.5 ms to 10 s.
@@ -129,6 +130,11 @@ impl Metrics {
                 "Units charged after the answer, by route and limit.",
                 &["route", "limit"],
             ),
+            connections_open: gauge(
+                "sluice_connections_open",
+                "Client connections open on the data listeners, by worker (from 1).",
+                &["worker"],
+            ),
             plan_requests: counter(
                 "sluice_plan_requests_total",
                 "Requests on routes with consumers, by plan and outcome (never by consumer).",
@@ -212,6 +218,16 @@ impl Metrics {
 
     /// The handles of the configured store (`store` label `memory` or `redis`), resolved
     /// once at start (the store kind needs a restart to change).
+    /// Each worker's open-connection gauge, worker 1 first (resolved once, at start).
+    pub fn connections(&self, workers: usize) -> std::sync::Arc<[IntGauge]> {
+        (1..=workers.max(1))
+            .map(|w| {
+                self.connections_open
+                    .with_label_values(&[w.to_string().as_str()])
+            })
+            .collect()
+    }
+
     pub fn store(&self, label: &str) -> StoreMetrics {
         StoreMetrics {
             duration: self.store_duration.with_label_values(&[label]),
