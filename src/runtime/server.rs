@@ -174,13 +174,10 @@ pub async fn serve<H, F>(
                     }
                 };
                 if let Err(back) = share.spread.hand(to, Handover { stream, peer, open }) {
-                    // That worker stopped receiving meanwhile: serve it here after all.
-                    drop(back.open);
+                    // That worker stopped receiving meanwhile: serve it here after all (its
+                    // count on the other worker goes with `back`).
                     let open = share.spread.count(share.worker);
-                    match TcpStream::from_std(back.stream) {
-                        Ok(s) => start(s, peer, Some(open)),
-                        Err(e) => tracing::debug!(%peer, error = %e, "connection lost in handover"),
-                    }
+                    receive(Handover { open, ..back }, &start);
                 }
             }
             Some(h) = handed(&mut share) => receive(h, &start),
