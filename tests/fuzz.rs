@@ -1777,7 +1777,7 @@ fn user_of(secret: &[u8], value: &HeaderValue, now: u64) -> Option<String> {
     h.insert("authorization", value.clone());
     // The plain header is never believed when JWT is configured.
     h.insert("x-user-id", HeaderValue::from_static("mallory"));
-    jwt_sources(secret).user(&h, now)
+    jwt_sources(secret).user(&h, now).map(|u| u.into_owned())
 }
 
 const NOW: u64 = 1_700_000_000;
@@ -2105,7 +2105,8 @@ fn fuzz_api_key() {
             parts.push(format!("api_key={}", form_encode(&key, &esc)));
             let q = format!("{}&{after}", parts.join("&"));
             api_key_prop(&q, None)?;
-            let got = key_sources(false).api_key(&HeaderMap::new(), Some(&q));
+            let none = HeaderMap::new();
+            let got = key_sources(false).api_key(&none, Some(&q));
             prop_assert_eq!(got.as_deref(), Some(key.as_str()), "{}", q);
             Ok(())
         },

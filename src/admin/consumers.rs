@@ -6,7 +6,7 @@ use serde_json::json;
 
 use super::limits::{reset_key, state};
 use super::{json_reply, no_content, problem, Body};
-use crate::limiter::key;
+use crate::limiter::key::Material;
 use crate::model::consumer::Consumer;
 use crate::pipeline::Gateway;
 use http::{Response, StatusCode};
@@ -17,12 +17,10 @@ fn keys<'t>(
     c: &Consumer,
 ) -> impl Iterator<Item = (&'t crate::model::limit::LimitRule, String)> {
     let name = c.name.clone();
-    plans[c.plan].limits.iter().map(move |rule| {
-        (
-            rule,
-            key::store_key(&rule.key_base, &key::material([&*name])),
-        )
-    })
+    plans[c.plan]
+        .limits
+        .iter()
+        .map(move |rule| (rule, Material::of([&*name]).store_key(&rule.key_base)))
 }
 
 pub(crate) async fn peek(gw: &Gateway, name: &str) -> Response<Body> {

@@ -10,7 +10,7 @@
 use serde_json::json;
 
 use super::{json_reply, no_content, problem, Body};
-use crate::limiter::key;
+use crate::limiter::key::Material;
 use crate::limiter::store::StoreError;
 use crate::model::identity::ClientIpRules;
 use crate::model::limit::{KeyPart, LimitRule};
@@ -124,7 +124,7 @@ fn target(
         (key, None) => material(rule, key.as_deref(), &table.client_ip),
     }
     .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
-    Ok((rule.params, key::store_key(&rule.key_base, &material)))
+    Ok((rule.params, material.store_key(&rule.key_base)))
 }
 
 /// The decoded value of `name` in a query string.
@@ -137,14 +137,14 @@ fn param(query: Option<&str>, name: &str) -> Option<String> {
 
 /// The identity material of a raw `key`, as `limit::identity_material` builds it from a
 /// request: parts in `by` order joined by NUL, IPs grouped like the request path groups them.
-fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<String, String> {
+fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<Material, String> {
     if rule.by == [KeyPart::Route] {
         return match key {
             Some(k) if !k.is_empty() => Err(format!(
                 "limit `{}` is shared by the whole route (by: route): omit `key`",
                 rule.name
             )),
-            _ => Ok(String::new()),
+            _ => Ok(Material::of([""])),
         };
     }
     let names: Vec<String> = rule.by.iter().map(part_name).collect();
@@ -175,18 +175,18 @@ fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<
         }
         values.push(value);
     }
-    Ok(key::material(values.iter().map(String::as_str)))
+    Ok(Material::of(values.iter().map(String::as_str)))
 }
 
 /// The material of the `on_missing: ip` fallback (see `limit::identity_material`).
-fn fallback_material(rule: &LimitRule, ip: &str, ips: &ClientIpRules) -> Result<String, String> {
+fn fallback_material(rule: &LimitRule, ip: &str, ips: &ClientIpRules) -> Result<Material, String> {
     if rule.on_missing != OnMissing::Ip || rule.by == [KeyPart::Ip] || rule.by == [KeyPart::Route] {
         return Err(format!(
             "limit `{}` has no per-IP fallback key (it needs on_missing: ip and another `by`)",
             rule.name
         ));
     }
-    Ok(key::ip_fallback(&ip_key(ip, ips)?))
+    Ok(Material::ip_fallback(&ip_key(ip, ips)?))
 }
 
 /// `by: ip` identity of an address: IPv4 as is, IPv6 grouped by the configured prefix.
@@ -199,7 +199,7 @@ fn ip_key(s: &str, ips: &ClientIpRules) -> Result<String, String> {
         .and_then(|b| b.strip_suffix(']'))
         .unwrap_or(bare);
     bare.parse()
-        .map(|ip| ips.group(ip))
+        .map(|ip| ips.group(ip).as_str().to_owned())
         .map_err(|_| format!("`{s}` is not an IP address"))
 }
 
@@ -346,7 +346,10 @@ routes:
             .contains("4 parts"));
         assert!(material(rule(&t, "combo"), Some("k1||acme|bob"), ips).is_err());
         assert!(material(rule(&t, "whole"), Some("x"), ips).is_err());
-        assert_eq!(material(rule(&t, "whole"), Some(""), ips).unwrap(), "");
+        assert_eq!(
+            material(rule(&t, "whole"), Some(""), ips).unwrap(),
+            Material::of([""])
+        );
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! clients are grouped, and where API keys and users are read from. The request-time reading
 //! of these (headers, tokens) is the identify stage's (`crate::identify`).
 
+use std::fmt::Write;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use http::HeaderName;
@@ -21,44 +22,119 @@ impl ClientIpRules {
 
     /// The `by: ip` identity: IPv4 as is, IPv6 masked to `ipv6_prefix` (one customer often
     /// holds a whole /64, so per-address limits would be trivially evaded).
-    pub fn group(&self, ip: IpAddr) -> String {
+    pub fn group(&self, ip: IpAddr) -> IpText {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => ipv4_text(v4),
+            IpAddr::V4(v4) => IpText::v4(v4),
             IpAddr::V6(v6) => {
                 let bits = u128::from(v6);
                 let p = u32::from(self.ipv6_prefix.min(128));
                 let mask = if p == 0 { 0 } else { u128::MAX << (128 - p) };
-                format!("{}/{}", Ipv6Addr::from(bits & mask), p)
+                let mut text = IpText::default();
+                // 39 bytes of address, `/`, 3 digits: always fits.
+                let _ = write!(text, "{}/{}", Ipv6Addr::from(bits & mask), p);
+                text
             }
         }
     }
 }
 
-/// `ip` as text, as `to_string` writes it. Every request writes its client's address (its
-/// `by: ip` identity, its `X-Forwarded-For`): an IPv4 one is written digit by digit, where
-/// `to_string` goes through the formatting machinery and grows its string twice.
-pub fn ip_text(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => ipv4_text(v4),
-        IpAddr::V6(v6) => v6.to_string(),
+/// An address (or a grouped IPv6 prefix) as text, held inline: every request writes its
+/// client's (its `by: ip` identity, its `X-Forwarded-For`), and this costs no allocation.
+/// The longest, `xxxx:…:xxxx/128`, is 43 bytes.
+#[derive(Clone, Copy)]
+pub struct IpText {
+    len: u8,
+    buf: [u8; 47],
+}
+
+impl Default for IpText {
+    fn default() -> Self {
+        IpText {
+            len: 0,
+            buf: [0; 47],
+        }
     }
 }
 
-fn ipv4_text(ip: Ipv4Addr) -> String {
-    let mut out = String::with_capacity(15);
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            out.push('.');
+impl IpText {
+    /// `ip` as text, as `to_string` writes it. IPv4 is written digit by digit, where
+    /// `to_string` goes through the formatting machinery.
+    #[inline]
+    pub fn of(ip: IpAddr) -> IpText {
+        match ip {
+            IpAddr::V4(v4) => IpText::v4(v4),
+            IpAddr::V6(v6) => {
+                let mut text = IpText::default();
+                // At most 39 bytes (RFC 5952 text of 8 groups): always fits.
+                let _ = write!(text, "{v6}");
+                text
+            }
         }
-        if octet >= 100 {
-            out.push(char::from(b'0' + octet / 100));
-        }
-        if octet >= 10 {
-            out.push(char::from(b'0' + octet / 10 % 10));
-        }
-        out.push(char::from(b'0' + octet % 10));
     }
-    out
+
+    #[inline]
+    fn v4(ip: Ipv4Addr) -> IpText {
+        let mut text = IpText::default();
+        for (i, octet) in ip.octets().into_iter().enumerate() {
+            if i > 0 {
+                text.push(b'.');
+            }
+            if octet >= 100 {
+                text.push(b'0' + octet / 100);
+            }
+            if octet >= 10 {
+                text.push(b'0' + octet / 10 % 10);
+            }
+            text.push(b'0' + octet % 10);
+        }
+        text
+    }
+
+    fn push(&mut self, b: u8) {
+        self.buf[usize::from(self.len)] = b;
+        self.len += 1;
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever pushed (digits, hex, `.`, `:`, `/`).
+        std::str::from_utf8(self.as_bytes()).unwrap_or_default()
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+}
+
+impl std::fmt::Write for IpText {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let at = usize::from(self.len);
+        let end = at + s.len();
+        if end > self.buf.len() {
+            return Err(std::fmt::Error);
+        }
+        self.buf[at..end].copy_from_slice(s.as_bytes());
+        self.len = end as u8;
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for IpText {
+    type Target = str;
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for IpText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for IpText {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 /// Where API keys and users are read from.
@@ -103,12 +179,26 @@ mod tests {
             "2001:db8::8a2e:370:7334",
         ] {
             let ip: IpAddr = s.parse().unwrap();
-            assert_eq!(ip_text(ip), s, "{s}");
+            assert_eq!(IpText::of(ip), s, "{s}");
         }
         for n in 0..=255u8 {
             let ip = IpAddr::from([n, 255 - n, n / 3, n.wrapping_mul(7)]);
-            assert_eq!(ip_text(ip), ip.to_string());
+            assert_eq!(IpText::of(ip).as_str(), ip.to_string());
         }
+    }
+
+    #[test]
+    fn the_longest_texts_fit() {
+        let all = Ipv6Addr::from(u128::MAX);
+        assert_eq!(IpText::of(IpAddr::V6(all)).as_str(), all.to_string());
+        let rules = ClientIpRules {
+            trusted: Vec::new(),
+            ipv6_prefix: 128,
+        };
+        assert_eq!(
+            rules.group(IpAddr::V6(all)),
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff/128"
+        );
     }
 
     #[test]

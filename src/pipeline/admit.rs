@@ -7,7 +7,7 @@ use http::HeaderMap;
 
 use crate::limiter::algo::{refusal_after, Algorithm, Code, Decision, Op};
 use crate::limiter::deny::DenyCache;
-use crate::limiter::key;
+use crate::limiter::key::Material;
 use crate::limiter::store;
 use crate::limiter::store::memory::MemoryStore;
 use crate::limiter::store::Store;
@@ -92,35 +92,35 @@ pub struct StoreCall {
 }
 
 /// The identity material of a request for one limit (hashed into its key by
-/// [`key::store_key`]). `None`: the limit does not apply (`on_missing: skip`).
+/// [`Material::store_key`]). `None`: the limit does not apply (`on_missing: skip`).
 pub fn identity_material(
     rule: &LimitRule,
     who: &Identity<'_>,
-) -> Result<Option<String>, GatewayError> {
-    let mut values = Vec::with_capacity(rule.by.len());
+) -> Result<Option<Material>, GatewayError> {
+    let mut material = Material::default();
     for part in &rule.by {
         let v = match part {
-            KeyPart::Ip => Some(who.ip_key.clone()),
-            KeyPart::ApiKey => who.api_key().map(str::to_owned),
-            KeyPart::User => who.user().map(str::to_owned),
+            KeyPart::Ip => Some(who.ip_key.as_str()),
+            KeyPart::ApiKey => who.api_key(),
+            KeyPart::User => who.user(),
             KeyPart::Header(h) => who.header(h),
-            KeyPart::Route => Some(String::new()),
-            KeyPart::Consumer => who.consumer.map(str::to_owned),
+            KeyPart::Route => Some(""),
+            KeyPart::Consumer => who.consumer,
         };
         match v {
-            Some(v) => values.push(v),
+            Some(v) => material.part(v),
             None => {
                 return match rule.on_missing {
                     OnMissing::Skip => Ok(None),
                     OnMissing::Reject => Err(GatewayError::MissingIdentity {
                         limit: rule.name.clone(),
                     }),
-                    OnMissing::Ip => Ok(Some(key::ip_fallback(&who.ip_key))),
+                    OnMissing::Ip => Ok(Some(Material::ip_fallback(&who.ip_key))),
                 };
             }
         }
     }
-    Ok(Some(key::material(values.iter().map(String::as_str))))
+    Ok(Some(material))
 }
 
 fn cost(rule: &LimitRule, headers: &HeaderMap) -> Result<u64, GatewayError> {
@@ -193,7 +193,7 @@ pub fn plan<'a>(
             (None, _) => identity_material(rule, who)?,
             // Another plan's limit, or no plan at all: not this request's.
             (Some(p), _) if Some(p) != plan => None,
-            (Some(_), Some(PlanOf::Anonymous(_))) => Some(key::anonymous(&who.ip_key)),
+            (Some(_), Some(PlanOf::Anonymous(_))) => Some(Material::anonymous(&who.ip_key)),
             (Some(_), _) => identity_material(rule, who)?,
         };
         let Some(material) = material else {
@@ -207,7 +207,7 @@ pub fn plan<'a>(
             Charge::InFlight => (Op::Decide, 1),
         };
         calls.push(LimitCall {
-            key: key::store_key(&rule.key_base, &material),
+            key: material.store_key(&rule.key_base),
             params: rule.params,
             cost,
             shadow: rule.shadow,

@@ -1,6 +1,7 @@
 //! Stage 2 — identify the client: its IP (believing forwarding headers only from trusted
 //! proxies), API key, user, and any header a limit is keyed by.
 
+use std::borrow::Cow;
 use std::net::IpAddr;
 
 use base64::Engine;
@@ -8,7 +9,7 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName};
 use sha2::Sha256;
 
-use crate::model::identity::{ClientIpRules, IdentitySources, JwtSource};
+use crate::model::identity::{ClientIpRules, IdentitySources, IpText, JwtSource};
 
 impl ClientIpRules {
     /// The client address: the peer, or — when the peer is a trusted proxy — the rightmost
@@ -75,14 +76,15 @@ fn forwarded_for(v: &str) -> impl Iterator<Item = Option<IpAddr>> + '_ {
 }
 
 impl IdentitySources {
-    /// API key from the header, then the query string; empty counts as missing.
-    pub fn api_key(&self, headers: &HeaderMap, query: Option<&str>) -> Option<String> {
+    /// API key from the header, then the query string; empty counts as missing. Read from the
+    /// header, it is borrowed, not copied.
+    pub fn api_key<'h>(&self, headers: &'h HeaderMap, query: Option<&str>) -> Option<Cow<'h, str>> {
         if let Some(v) = self
             .api_key_header
             .as_ref()
-            .and_then(|h| header_value(headers, h))
+            .and_then(|h| header_str(headers, h))
         {
-            return Some(v);
+            return Some(Cow::Borrowed(v));
         }
         let name = self.api_key_query.as_deref()?;
         query?.split('&').find_map(|pair| {
@@ -90,23 +92,26 @@ impl IdentitySources {
             (percent_decode(k) == name)
                 .then(|| percent_decode(v))
                 .filter(|v| !v.is_empty())
+                .map(Cow::Owned)
         })
     }
 
     /// User from the trusted header, or from a valid JWT; an invalid or expired token is missing.
-    pub fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
+    pub fn user<'h>(&self, headers: &'h HeaderMap, now_secs: u64) -> Option<Cow<'h, str>> {
         if let Some(jwt) = &self.jwt {
-            return jwt.user(headers, now_secs);
+            return jwt.user(headers, now_secs).map(Cow::Owned);
         }
         self.user_header
             .as_ref()
-            .and_then(|h| header_value(headers, h))
+            .and_then(|h| header_str(headers, h))
+            .map(Cow::Borrowed)
     }
 }
 
-pub fn header_value(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+/// A header's value, trimmed; a missing, empty or non-visible-ASCII value is none.
+pub fn header_str<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
     let v = headers.get(name)?.to_str().ok()?.trim();
-    (!v.is_empty()).then(|| v.to_owned())
+    (!v.is_empty()).then_some(v)
 }
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, bad escapes stay as they are.
@@ -149,8 +154,7 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 
 impl JwtSource {
     fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
-        let raw = header_value(headers, &self.header)?;
-        let token = bearer_token(&raw)?;
+        let token = bearer_token(header_str(headers, &self.header)?)?;
         let mut it = token.split('.');
         let (h, p, sig) = (it.next()?, it.next()?, it.next()?);
         if it.next().is_some() {
@@ -184,12 +188,12 @@ impl JwtSource {
 pub struct Identity<'a> {
     pub client_ip: IpAddr,
     /// The `by: ip` value: the client IP, IPv6 grouped by prefix.
-    pub ip_key: String,
+    pub ip_key: IpText,
     headers: &'a HeaderMap,
     query: Option<&'a str>,
     sources: &'a IdentitySources,
-    api_key: std::cell::OnceCell<Option<String>>,
-    user: std::cell::OnceCell<Option<String>>,
+    api_key: std::cell::OnceCell<Option<Cow<'a, str>>>,
+    user: std::cell::OnceCell<Option<Cow<'a, str>>>,
     /// The consumer whose key the request carries (routes with `consumers:` only).
     pub consumer: Option<&'a str>,
 }
@@ -235,8 +239,8 @@ impl<'a> Identity<'a> {
             .as_deref()
     }
 
-    pub fn header(&self, name: &HeaderName) -> Option<String> {
-        header_value(self.headers, name)
+    pub fn header(&self, name: &HeaderName) -> Option<&'a str> {
+        header_str(self.headers, name)
     }
 }
 

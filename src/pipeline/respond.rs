@@ -185,7 +185,11 @@ pub fn problem_with_errors(
 
 /// The one renderer of problem documents.
 fn render(status: StatusCode, doc: &Problem<'_>) -> Response<Body> {
-    let mut res = Response::new(full(Bytes::from(doc.to_json())));
+    // Trimmed to its length (in place), so the body takes the buffer over instead of
+    // allocating a shared handle for it.
+    let mut json = doc.to_json();
+    json.shrink_to_fit();
+    let mut res = Response::new(full(Bytes::from(json)));
     *res.status_mut() = status;
     res.headers_mut().insert(
         CONTENT_TYPE,

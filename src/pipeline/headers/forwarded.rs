@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
 
-use crate::model::identity::ip_text;
+use crate::model::identity::IpText;
 
 pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -21,18 +21,18 @@ pub fn apply(
     host: Option<&HeaderValue>,
     tls: bool,
 ) {
-    let peer = ip_text(peer.to_canonical()).into_bytes();
+    let peer = IpText::of(peer.to_canonical());
     let mut prior = headers.get_all(&XFF).iter().peekable();
     let xff = if prior.peek().is_none() {
-        // The usual case, the first proxy: the address alone, its string taken as is.
-        HeaderValue::try_from(peer)
+        // The usual case, the first proxy: the address alone.
+        HeaderValue::from_bytes(peer.as_bytes())
     } else {
         let mut joined: Vec<u8> = Vec::new();
         for v in prior {
             joined.extend_from_slice(v.as_bytes());
             joined.extend_from_slice(b", ");
         }
-        joined.extend_from_slice(&peer);
+        joined.extend_from_slice(peer.as_bytes());
         HeaderValue::try_from(joined)
     };
     if let Ok(v) = xff {

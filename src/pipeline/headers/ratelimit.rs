@@ -67,26 +67,32 @@ pub fn apply(
     let reset = (!in_flight).then(|| d.reset_after_us.div_ceil(1_000_000));
     if matches!(mode, HeadersMode::Draft | HeadersMode::Both) {
         headers.insert(RATELIMIT_POLICY, policy.clone());
-        // `"<route>/<limit>";r=<remaining>[;t=<reset>]`, written without the formatter: every
-        // answer on a limited route carries it.
-        let mut v = Vec::with_capacity(route.len() + limit.len() + 48);
+        // `"<route>/<limit>";r=<remaining>[;t=<reset>]`, written without the formatter and
+        // into a buffer of its exact length (so the value takes it over, with no second
+        // allocation): every answer on a limited route carries it.
+        let (mut r, mut t) = ([0; 20], [0; 20]);
+        let r = decimal(d.remaining, &mut r);
+        let t = reset.map(|secs| decimal(secs, &mut t));
+        let len = route.len() + limit.len() + 6 + r.len() + t.map_or(0, |t| 3 + t.len());
+        let mut v = Vec::with_capacity(len);
         v.push(b'"');
         v.extend_from_slice(route.as_bytes());
         v.push(b'/');
         v.extend_from_slice(limit.as_bytes());
         v.extend_from_slice(b"\";r=");
-        push_u64(&mut v, d.remaining);
-        if let Some(t) = reset {
+        v.extend_from_slice(r.as_bytes());
+        if let Some(t) = t {
             v.extend_from_slice(b";t=");
-            push_u64(&mut v, t);
+            v.extend_from_slice(t.as_bytes());
         }
+        debug_assert_eq!(v.len(), len);
         headers.insert(RATELIMIT, HeaderValue::try_from(v).expect("ascii"));
     }
     if matches!(mode, HeadersMode::Legacy | HeadersMode::Both) {
-        headers.insert(X_LIMIT, HeaderValue::from(d.limit));
-        headers.insert(X_REMAINING, HeaderValue::from(d.remaining));
+        headers.insert(X_LIMIT, number(d.limit));
+        headers.insert(X_REMAINING, number(d.remaining));
         if let Some(t) = reset {
-            headers.insert(X_RESET, HeaderValue::from(t));
+            headers.insert(X_RESET, number(t));
         }
     }
 }
@@ -111,8 +117,14 @@ pub fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(decimal(n, &mut [0; 20]).as_bytes());
 }
 
+/// `n` as a field value in one allocation of its exact length (`HeaderValue::from(u64)`
+/// makes two: a 20-byte buffer, then a shared handle for it).
+pub fn number(n: u64) -> HeaderValue {
+    HeaderValue::from_bytes(decimal(n, &mut [0; 20]).as_bytes()).expect("ASCII digits")
+}
+
 pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
-    headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+    headers.insert(RETRY_AFTER, number(secs));
 }
 
 #[cfg(test)]
@@ -136,6 +148,7 @@ mod tests {
             let mut v = Vec::new();
             push_u64(&mut v, n);
             assert_eq!(String::from_utf8(v).unwrap(), n.to_string());
+            assert_eq!(number(n), HeaderValue::from(n));
         }
     }
 
