@@ -1,13 +1,15 @@
 //! The embedded store: limiter state in this process, decided by [`crate::algo`] directly.
 //!
-//! Keys live in up to 64 shards, each a `parking_lot::Mutex<HashMap>`, chosen by a keyed hash
-//! of the key, so cores deciding different keys rarely meet on a lock. A request's limits
+//! Keys live in up to 64 shards, each a `parking_lot::Mutex` over a hash table, chosen by a
+//! keyed hash of the key, so cores deciding different keys rarely meet on a lock. The key is
+//! hashed once per call: the shard comes from bits 32.. of the hash, the table's slot from its
+//! low bits and its tag from its top bits, so keys of one shard still spread over the table. A request's limits
 //! are decided all-or-nothing under the locks of every shard they touch, taken in ascending
 //! shard order (no deadlock between requests naming the same keys in another order).
 use super::{LimitCall, Peek};
 use crate::limiter::algo::{self, gcra, Decision, Params, State};
+use hashbrown::HashTable;
 use parking_lot::Mutex;
-use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -58,7 +60,47 @@ struct Entry {
     expires_at_us: u64,
 }
 
-type Shard = HashMap<String, Entry>;
+/// A key with its keyed hash, computed once per call.
+#[derive(Clone, Copy)]
+struct Hashed<'k> {
+    key: &'k str,
+    hash: u64,
+}
+
+/// One shard's keys: `(key, entry)` found by the key's hash.
+#[derive(Default)]
+struct Shard(HashTable<(String, Entry)>);
+
+impl Shard {
+    fn get(&self, k: Hashed<'_>) -> Option<&Entry> {
+        self.0.find(k.hash, |(s, _)| s == k.key).map(|(_, e)| e)
+    }
+
+    fn get_mut(&mut self, k: Hashed<'_>) -> Option<&mut Entry> {
+        self.0.find_mut(k.hash, |(s, _)| s == k.key).map(|(_, e)| e)
+    }
+
+    fn remove(&mut self, k: Hashed<'_>) {
+        if let Ok(slot) = self.0.find_entry(k.hash, |(s, _)| s == k.key) {
+            slot.remove();
+        }
+    }
+
+    /// Insert a key that is not in the table; `hasher` rehashes the others if it grows.
+    fn insert_new(&mut self, k: Hashed<'_>, entry: Entry, hasher: &RandomState) {
+        let rehash = |(s, _): &(String, Entry)| hasher.hash_one(s.as_str());
+        self.0
+            .insert_unique(k.hash, (k.key.to_owned(), entry), rehash);
+    }
+
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
+        self.0.retain(|(_, e)| keep(e));
+    }
+}
 
 const MAX_SHARDS: usize = 64;
 
@@ -84,7 +126,7 @@ impl MemoryStore {
         let max_keys = max_keys.max(1);
         let n = max_keys.min(MAX_SHARDS);
         MemoryStore {
-            shards: (0..n).map(|_| Mutex::new(HashMap::new())).collect(),
+            shards: (0..n).map(|_| Mutex::default()).collect(),
             per_shard: max_keys / n,
             hasher: RandomState::new(),
             clock,
@@ -95,8 +137,15 @@ impl MemoryStore {
         self.clock.now_us()
     }
 
-    fn shard_of(&self, key: &str) -> usize {
-        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
+    fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
+        Hashed {
+            key,
+            hash: self.hasher.hash_one(key),
+        }
+    }
+
+    fn shard_of(&self, k: Hashed<'_>) -> usize {
+        ((k.hash >> 32) % self.shards.len() as u64) as usize
     }
 
     /// Decide one request against all its limits, atomically and all-or-nothing: if any
@@ -114,10 +163,12 @@ impl MemoryStore {
         let now = self.clock.now_us();
         if let [call] = calls {
             // Alone, committing directly is all-or-nothing already: a refusal writes nothing.
-            let mut shard = self.shards[self.shard_of(&call.key)].lock();
-            return vec![self.apply(&mut shard, call, id, now, true)];
+            let k = self.hashed(&call.key);
+            let mut shard = self.shards[self.shard_of(k)].lock();
+            return vec![self.apply(&mut shard, k, call, id, now, true)];
         }
-        let at: Vec<usize> = calls.iter().map(|c| self.shard_of(&c.key)).collect();
+        let keys: Vec<Hashed<'_>> = calls.iter().map(|c| self.hashed(&c.key)).collect();
+        let at: Vec<usize> = keys.iter().map(|&k| self.shard_of(k)).collect();
         let mut order = at.clone();
         order.sort_unstable();
         order.dedup();
@@ -133,15 +184,13 @@ impl MemoryStore {
             let mut scratch: Vec<(&str, Option<State>)> = Vec::new();
             calls
                 .iter()
-                .zip(&at)
-                .map(|(c, &i)| {
+                .zip(keys.iter().zip(&at))
+                .map(|(c, (&k, &i))| {
                     let pos = scratch
                         .iter()
                         .position(|(k, _)| *k == c.key)
                         .unwrap_or_else(|| {
-                            let live = guards[slot(i)]
-                                .get(&c.key)
-                                .filter(|e| e.expires_at_us > now);
+                            let live = guards[slot(i)].get(k).filter(|e| e.expires_at_us > now);
                             scratch.push((&c.key, live.map(|e| e.state.clone())));
                             scratch.len() - 1
                         });
@@ -150,9 +199,9 @@ impl MemoryStore {
                 })
                 .collect()
         } else {
-            let shards = calls.iter().zip(&at);
+            let shards = calls.iter().zip(keys.iter().zip(&at));
             shards
-                .map(|(c, &i)| self.apply(&mut guards[slot(i)], c, id, now, false))
+                .map(|(c, (&k, &i))| self.apply(&mut guards[slot(i)], k, c, id, now, false))
                 .collect()
         };
         if !super::request_allowed(calls, &dry) {
@@ -161,16 +210,17 @@ impl MemoryStore {
         // Deterministic: replaying in order with commit gives the dry run's decisions. (Only
         // a full shard evicting a key of this very request can differ, and a key read fresh
         // admits any cost that fits, so nothing admitted in the dry run is refused here.)
-        let shards = calls.iter().zip(&at);
+        let shards = calls.iter().zip(keys.iter().zip(&at));
         shards
-            .map(|(c, &i)| self.apply(&mut guards[slot(i)], c, id, now, true))
+            .map(|(c, (&k, &i))| self.apply(&mut guards[slot(i)], k, c, id, now, true))
             .collect()
     }
 
     /// The key's state without consuming: as a cost-0 and as a cost-1 request see it.
     pub fn peek(&self, key: &str, params: &Params) -> Peek {
         let now = self.clock.now_us();
-        let mut shard = self.shards[self.shard_of(key)].lock();
+        let k = self.hashed(key);
+        let mut shard = self.shards[self.shard_of(k)].lock();
         let call = |cost| LimitCall {
             key: key.to_owned(),
             params: *params,
@@ -179,14 +229,15 @@ impl MemoryStore {
             op: algo::Op::Probe,
         };
         Peek {
-            now: self.apply(&mut shard, &call(0), 0, now, false),
-            next: self.apply(&mut shard, &call(1), 0, now, false),
+            now: self.apply(&mut shard, k, &call(0), 0, now, false),
+            next: self.apply(&mut shard, k, &call(1), 0, now, false),
         }
     }
 
     /// Forget a key: its limit is back to full.
     pub fn reset(&self, key: &str) {
-        self.shards[self.shard_of(key)].lock().remove(key);
+        let k = self.hashed(key);
+        self.shards[self.shard_of(k)].lock().remove(k);
     }
 
     /// Keys held, including expired ones not yet swept.
@@ -202,13 +253,21 @@ impl MemoryStore {
     pub fn sweep(&self) {
         let now = self.clock.now_us();
         for shard in self.shards.iter() {
-            shard.lock().retain(|_, e| e.expires_at_us > now);
+            shard.lock().retain(|e| e.expires_at_us > now);
         }
     }
 
     /// Run one limit's call on a locked shard; with `commit`, write what the algorithm wrote.
-    fn apply(&self, shard: &mut Shard, c: &LimitCall, id: u64, now: u64, commit: bool) -> Decision {
-        let (key, p, cost) = (c.key.as_str(), &c.params, c.cost);
+    fn apply(
+        &self,
+        shard: &mut Shard,
+        key: Hashed<'_>,
+        c: &LimitCall,
+        id: u64,
+        now: u64,
+        commit: bool,
+    ) -> Decision {
+        let (p, cost) = (&c.params, c.cost);
         match shard.get_mut(key) {
             Some(entry) if entry.expires_at_us > now => {
                 // Borrow the state out of the map (a cheap placeholder stands in meanwhile).
@@ -242,7 +301,7 @@ impl MemoryStore {
                             if shard.len() >= self.per_shard {
                                 make_room(shard, self.per_shard, now);
                             }
-                            shard.insert(key.to_owned(), entry);
+                            shard.insert_new(key, entry, &self.hasher);
                         }
                     }
                 }
@@ -256,16 +315,16 @@ impl MemoryStore {
 /// closest to expiry, 1/64 of the shard at once (at least one), so a flood of new keys costs
 /// amortised O(64) per insert instead of a full scan each.
 fn make_room(shard: &mut Shard, cap: usize, now: u64) {
-    shard.retain(|_, e| e.expires_at_us > now);
+    shard.retain(|e| e.expires_at_us > now);
     if shard.len() < cap {
         return;
     }
     let evict = shard.len() + 1 - cap + (cap / 64).saturating_sub(1);
-    let mut expiries: Vec<u64> = shard.values().map(|e| e.expires_at_us).collect();
+    let mut expiries: Vec<u64> = shard.0.iter().map(|(_, e)| e.expires_at_us).collect();
     let cut = *expiries.select_nth_unstable(evict - 1).1;
     // Everything before `cut`, then entries at exactly `cut` until `evict` are gone.
     let mut ties = evict - expiries.iter().filter(|&&x| x < cut).count();
-    shard.retain(|_, e| match e.expires_at_us.cmp(&cut) {
+    shard.retain(|e| match e.expires_at_us.cmp(&cut) {
         std::cmp::Ordering::Less => false,
         std::cmp::Ordering::Equal if ties > 0 => {
             ties -= 1;
@@ -329,7 +388,8 @@ mod tests {
             assert_eq!(d[0].allowed(), i < 2);
         }
         assert_eq!((remaining(&store, &a), remaining(&store, &s)), (1, 0));
-        let log = match &store.shards[store.shard_of("s")].lock()["s"].state {
+        let s = store.hashed("s");
+        let log = match &store.shards[store.shard_of(s)].lock().get(s).unwrap().state {
             State::SlidingLog(l) => l.entries().len(),
             other => panic!("{other:?}"),
         };
@@ -413,7 +473,7 @@ mod tests {
         let store = MemoryStore::new(128, Clock::manual(T0).0);
         let shard0: Vec<String> = (0..)
             .map(|i| format!("x{i}"))
-            .filter(|k| store.shard_of(k) == 0)
+            .filter(|k| store.shard_of(store.hashed(k)) == 0)
             .take(3)
             .collect();
         let week = call(&shard0[0], Algorithm::Gcra, 1, 7 * 86_400 * S, 1, false);
