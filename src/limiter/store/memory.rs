@@ -1,11 +1,12 @@
 //! The embedded store: limiter state in this process, decided by [`crate::algo`] directly.
 //!
 //! Keys live in up to 64 shards, each a `parking_lot::Mutex` over a hash table, chosen by a
-//! keyed hash of the key, so cores deciding different keys rarely meet on a lock. The key is
-//! hashed once per call: the shard comes from bits 32.. of the hash, the table's slot from its
-//! low bits and its tag from its top bits, so keys of one shard still spread over the table. A request's limits
-//! are decided all-or-nothing under the locks of every shard they touch, taken in ascending
-//! shard order (no deadlock between requests naming the same keys in another order).
+//! keyed hash of the key, so cores deciding different keys rarely meet on a lock. A key is
+//! hashed once per call: the shard comes from bits 32 and up of the hash, the table's slot
+//! from its low bits and its tag from its top bits, so the keys of one shard still spread
+//! over its table. A request's limits are decided all-or-nothing under the locks of every
+//! shard they touch, taken in ascending shard order (no deadlock between requests naming the
+//! same keys in another order).
 use super::{LimitCall, Peek};
 use crate::limiter::algo::{self, gcra, Decision, Params, State};
 use hashbrown::HashTable;
@@ -67,6 +68,16 @@ struct Hashed<'k> {
     hash: u64,
 }
 
+impl<'k> Hashed<'k> {
+    /// The one way a key is hashed: for lookups, and again for each key when a table grows.
+    fn new(hasher: &RandomState, key: &'k str) -> Self {
+        Hashed {
+            key,
+            hash: hasher.hash_one(key),
+        }
+    }
+}
+
 /// One shard's keys: `(key, entry)` found by the key's hash.
 #[derive(Default)]
 struct Shard(HashTable<(String, Entry)>);
@@ -88,7 +99,7 @@ impl Shard {
 
     /// Insert a key that is not in the table; `hasher` rehashes the others if it grows.
     fn insert_new(&mut self, k: Hashed<'_>, entry: Entry, hasher: &RandomState) {
-        let rehash = |(s, _): &(String, Entry)| hasher.hash_one(s.as_str());
+        let rehash = |(s, _): &(String, Entry)| Hashed::new(hasher, s).hash;
         self.0
             .insert_unique(k.hash, (k.key.to_owned(), entry), rehash);
     }
@@ -99,6 +110,10 @@ impl Shard {
 
     fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
         self.0.retain(|(_, e)| keep(e));
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.0.iter().map(|(_, e)| e)
     }
 }
 
@@ -138,10 +153,7 @@ impl MemoryStore {
     }
 
     fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
-        Hashed {
-            key,
-            hash: self.hasher.hash_one(key),
-        }
+        Hashed::new(&self.hasher, key)
     }
 
     fn shard_of(&self, k: Hashed<'_>) -> usize {
@@ -320,7 +332,7 @@ fn make_room(shard: &mut Shard, cap: usize, now: u64) {
         return;
     }
     let evict = shard.len() + 1 - cap + (cap / 64).saturating_sub(1);
-    let mut expiries: Vec<u64> = shard.0.iter().map(|(_, e)| e.expires_at_us).collect();
+    let mut expiries: Vec<u64> = shard.entries().map(|e| e.expires_at_us).collect();
     let cut = *expiries.select_nth_unstable(evict - 1).1;
     // Everything before `cut`, then entries at exactly `cut` until `evict` are gone.
     let mut ties = evict - expiries.iter().filter(|&&x| x < cut).count();
