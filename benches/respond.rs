@@ -1,12 +1,10 @@
-//! Rendering the gateway's own 429: the problem+json body, `Retry-After`, the request id.
+//! Rendering the gateway's own 429: the problem+json body and `Retry-After`.
 //! Under a flood of refused requests this is most of what the gateway does per request
 //! besides HTTP itself.
 use criterion::{black_box, criterion_group, criterion_main, Criterion};
-use http::HeaderValue;
 use sluice::pipeline::respond::GatewayError;
 
 fn limited(c: &mut Criterion) {
-    let rid = HeaderValue::from_static("0123456789abcdef0123456789abcdef");
     c.bench_function("GatewayError::Limited into_response", |b| {
         b.iter(|| {
             let e = GatewayError::Limited {
@@ -14,7 +12,7 @@ fn limited(c: &mut Criterion) {
                 limit: "k".into(),
                 retry_after: black_box(1),
             };
-            black_box(e.into_response(&rid))
+            black_box(e.into_response())
         })
     });
 }

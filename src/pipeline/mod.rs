@@ -95,7 +95,7 @@ impl Gateway {
             Ok(res) => res,
             Err(e) => {
                 ctx.outcome = e.outcome();
-                e.into_response(&ctx.rid)
+                e.into_response()
             }
         };
         let res = self.respond(&ctx, res);

@@ -5,7 +5,6 @@
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use http::header::HeaderValue;
 use http::header::{CONNECTION, RETRY_AFTER};
 use http::HeaderMap;
 
@@ -216,30 +215,28 @@ async fn a_missing_identity_or_bad_cost_is_answered_before_any_store_call() {
 
 #[test]
 fn every_gateway_answer_is_rendered_in_one_shape() {
-    let rid = HeaderValue::from_static("rid-1");
     let limited = GatewayError::Limited {
         route: "r".into(),
         limit: "l".into(),
         retry_after: 7,
     };
     assert_eq!(limited.outcome(), Outcome::Limited);
-    let res = limited.into_response(&rid);
+    let res = limited.into_response();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         res.headers()[RETRY_AFTER],
         "7",
         "Retry-After is set with the 429"
     );
-    assert_eq!(res.headers()[X_REQUEST_ID], "rid-1");
     assert_eq!(
         res.headers()[http::header::CONTENT_TYPE],
         "application/problem+json"
     );
 
-    let res = GatewayError::Unframeable("te".into()).into_response(&rid);
+    let res = GatewayError::Unframeable("te".into()).into_response();
     assert_eq!(res.status(), StatusCode::BAD_REQUEST);
     assert_eq!(res.headers()[CONNECTION], "close");
-    let res = GatewayError::BadRequest("path".into()).into_response(&rid);
+    let res = GatewayError::BadRequest("path".into()).into_response();
     assert!(
         res.headers().get(CONNECTION).is_none(),
         "a bad path keeps the connection"
@@ -290,6 +287,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     let live = Arc::new(live_of(l, &gw.metrics));
     let parts = Request::builder()
         .uri("/x")
+        .header(X_REQUEST_ID, "rid-1")
         .body(())
         .unwrap()
         .into_parts()
@@ -299,11 +297,18 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     // No route matched: only the request id.
     let res = gw.respond(&ctx, Response::new(body::empty()));
     assert!(res.headers().get("ratelimit").is_none());
-    assert_eq!(res.headers()[X_REQUEST_ID], ctx.rid);
+    assert_eq!(res.headers()[X_REQUEST_ID], "rid-1");
 
     ctx.route = Some(0);
     ctx.admission = adm;
-    let res = gw.respond(&ctx, Response::new(body::empty()));
+    // A gateway answer gets its request id here too (`into_response` leaves it out).
+    let refused = GatewayError::Limited {
+        route: "r".into(),
+        limit: "per-ip".into(),
+        retry_after: 60,
+    };
+    let res = gw.respond(&ctx, refused.into_response());
+    assert_eq!(res.headers()[X_REQUEST_ID], "rid-1");
     assert_eq!(res.headers()["ratelimit"], "\"r/per-ip\";r=4;t=60");
     assert_eq!(res.headers()["ratelimit-policy"], "\"r/per-ip\";q=5;w=60");
 }

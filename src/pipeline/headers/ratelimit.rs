@@ -80,10 +80,10 @@ pub fn apply(
         v.push(b'/');
         v.extend_from_slice(limit.as_bytes());
         v.extend_from_slice(b"\";r=");
-        v.extend_from_slice(r.as_bytes());
+        v.extend_from_slice(r);
         if let Some(t) = t {
             v.extend_from_slice(b";t=");
-            v.extend_from_slice(t.as_bytes());
+            v.extend_from_slice(t);
         }
         debug_assert_eq!(v.len(), len);
         headers.insert(RATELIMIT, HeaderValue::try_from(v).expect("ascii"));
@@ -97,9 +97,10 @@ pub fn apply(
     }
 }
 
-/// `n` in decimal, written into `buf` (what `{n}` formats, without the formatter: the
+/// `n`'s ASCII decimal digits, written into `buf` (what `{n}` formats, without the
+/// formatter, and bytes rather than `str` so nothing checks them for UTF-8 again: the
 /// `RateLimit` field and every 429 carry numbers).
-pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
+pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
     let mut i = buf.len();
     loop {
         i -= 1;
@@ -109,18 +110,18 @@ pub fn decimal(mut n: u64, buf: &mut [u8; 20]) -> &str {
             break;
         }
     }
-    std::str::from_utf8(&buf[i..]).expect("ASCII digits")
+    &buf[i..]
 }
 
 /// `n` in decimal, appended to `out`.
 pub fn push_u64(out: &mut Vec<u8>, n: u64) {
-    out.extend_from_slice(decimal(n, &mut [0; 20]).as_bytes());
+    out.extend_from_slice(decimal(n, &mut [0; 20]));
 }
 
 /// `n` as a field value in one allocation of its exact length (`HeaderValue::from(u64)`
 /// makes two: a 20-byte buffer, then a shared handle for it).
 pub fn number(n: u64) -> HeaderValue {
-    HeaderValue::from_bytes(decimal(n, &mut [0; 20]).as_bytes()).expect("ASCII digits")
+    HeaderValue::from_bytes(decimal(n, &mut [0; 20])).expect("ASCII digits")
 }
 
 pub fn set_retry_after(headers: &mut HeaderMap, secs: u64) {
