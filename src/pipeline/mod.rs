@@ -88,7 +88,9 @@ impl Drop for Inflight {
 }
 
 impl Gateway {
-    pub async fn handle(&self, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    /// One request, start to end. It owns its handle on the gateway, so its future is
+    /// what the server boxes, with no wrapper to move it into (see `runtime::app`).
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let mut ctx = Ctx::new(self.live.load_full(), parts, conn);
         let res = match self.proxy(&mut ctx, body).await {

@@ -229,16 +229,13 @@ impl Serving {
         data.into_iter()
             .zip(shares)
             .map(|((socket, accept), share)| {
-                let g = self.gw.clone();
+                let g = self.gw.gateway.clone();
                 tokio::spawn(server::serve(
                     socket,
                     accept,
-                    move |req, conn| {
-                        let g = g.clone();
-                        // Boxed here, once: every layer above (panic guard, hyper's
-                        // in-flight slot) then moves a pointer, not the whole request state.
-                        Box::pin(async move { g.handle(req, conn).await })
-                    },
+                    // Boxed here, once: every layer above (panic guard, hyper's in-flight
+                    // slot) then moves a pointer, not the whole request state.
+                    move |req, conn| Box::pin(g.clone().handle(req, conn)),
                     self.header_timeout,
                     self.stop.clone(),
                     self.drain,
