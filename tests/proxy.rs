@@ -87,6 +87,31 @@ async fn forwards_headers_per_rfc9110() {
     assert_eq!(r.json()["headers"]["x-request-id"][0], rid.as_str());
 }
 
+/// `Connection` may name any field for removal, but not `Host`: the upstream gets the host
+/// the request was routed on, whatever the client lists (raw bytes, one connection).
+#[test]
+fn connection_cannot_strip_the_host() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let ex = support::raw::exchange(
+        s.addr,
+        b"GET /echo HTTP/1.1\r\nHost: shop.example.com\r\nConnection: Host, x-private\r\nx-private: 1\r\n\r\nGET /echo HTTP/1.1\r\nHost: shop.example.com\r\nConnection: host, close\r\n\r\n",
+        Duration::from_millis(1500),
+    );
+    assert_eq!(ex.responses.len(), 2, "{}", ex.text());
+    for r in &ex.responses {
+        assert_eq!(r.status, 200, "{}", ex.text());
+        let echo = r.json();
+        assert_eq!(
+            echo["headers"]["host"],
+            serde_json::json!(["shop.example.com"]),
+            "{echo}"
+        );
+        assert_eq!(echo["headers"]["x-forwarded-host"][0], "shop.example.com");
+        assert!(echo["headers"].get("x-private").is_none(), "{echo}");
+    }
+}
+
 #[tokio::test]
 async fn routes_first_match_and_strip_prefix() {
     let up = Upstream::start();

@@ -351,8 +351,10 @@ impl Gateway {
             host,
             ctx.tls,
         );
-        // The host the route was matched on (an absolute-form authority wins over `Host`).
-        if let Some(h) = host {
+        // The host the route was matched on: the target's authority wins over `Host`
+        // (absolute form, HTTP/2's `:authority`). Otherwise it is the `Host` field itself,
+        // already in place (`strip` never removes it).
+        if let (Some(h), Some(_)) = (host, ctx.uri.authority()) {
             headers.insert(HOST, h.clone());
         }
         headers.insert(X_REQUEST_ID, rid.clone());

@@ -4,7 +4,7 @@
 
 use std::net::IpAddr;
 
-use http::header::{HeaderMap, HeaderName, HeaderValue, HOST};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, HOST};
 
 use crate::model::identity::IpText;
 
@@ -22,21 +22,26 @@ pub fn apply(
     tls: bool,
 ) {
     let peer = IpText::of(peer.to_canonical());
-    let mut prior = headers.get_all(&XFF).iter().peekable();
-    let xff = if prior.peek().is_none() {
+    // One lookup for reading the prior hops and writing the new value.
+    match headers.entry(XFF) {
         // The usual case, the first proxy: the address alone.
-        HeaderValue::from_bytes(peer.as_bytes())
-    } else {
-        let mut joined: Vec<u8> = Vec::new();
-        for v in prior {
-            joined.extend_from_slice(v.as_bytes());
-            joined.extend_from_slice(b", ");
+        Entry::Vacant(e) => {
+            if let Ok(v) = HeaderValue::from_bytes(peer.as_bytes()) {
+                e.insert(v);
+            }
         }
-        joined.extend_from_slice(peer.as_bytes());
-        HeaderValue::try_from(joined)
-    };
-    if let Ok(v) = xff {
-        headers.insert(XFF, v);
+        Entry::Occupied(mut e) => {
+            let mut joined: Vec<u8> = Vec::new();
+            for v in e.iter() {
+                joined.extend_from_slice(v.as_bytes());
+                joined.extend_from_slice(b", ");
+            }
+            joined.extend_from_slice(peer.as_bytes());
+            // Replaces every prior line.
+            if let Ok(v) = HeaderValue::try_from(joined) {
+                e.insert(v);
+            }
+        }
     }
     if !(peer_trusted && headers.contains_key(&XFP)) {
         let proto = if tls { "https" } else { "http" };

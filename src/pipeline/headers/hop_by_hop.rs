@@ -48,7 +48,7 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map can be
     // changed while they are read.
     let listed: String = connection_names(headers)
-        .filter(|n| !settled(n))
+        .filter(|n| !exempt(n))
         .flat_map(|n| [n, ","])
         .collect();
     let fixed: Vec<HeaderName> = headers
@@ -68,12 +68,16 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
-/// Names `Connection` lists that the fixed pass has already dealt with: `keep-alive` (the
-/// `Keep-Alive` field) and `upgrade` (`Upgrade`, removed or kept for a pass-through).
-/// `close` is still looked up: RFC 9112 §9.6 reserves `Close` as a field name, and a field
-/// named by `Connection` goes whatever its name.
-fn settled(name: &str) -> bool {
-    name.eq_ignore_ascii_case("keep-alive") || name.eq_ignore_ascii_case("upgrade")
+/// Names `Connection` may list that are not removed for it: `keep-alive` (the `Keep-Alive`
+/// field) and `upgrade` (`Upgrade`, removed or kept for a pass-through), which the fixed pass
+/// has already dealt with, and `host`: the target's authority (RFC 9110 §7.2) is not a
+/// property of one connection, and the gateway forwards the host it routed the request on.
+/// `close` is still looked up: RFC 9112 §9.6 reserves `Close` as a field name, and any other
+/// field named by `Connection` goes whatever its name.
+fn exempt(name: &str) -> bool {
+    name.eq_ignore_ascii_case("keep-alive")
+        || name.eq_ignore_ascii_case("upgrade")
+        || name.eq_ignore_ascii_case("host")
 }
 
 #[cfg(test)]
@@ -130,6 +134,18 @@ mod tests {
         assert!(h.get("x-secret").is_none());
         assert!(h.get("x-other").is_none());
         assert_eq!(h.get("x-kept").unwrap(), "3");
+        assert_eq!(h.len(), 1);
+    }
+
+    #[test]
+    fn host_named_by_connection_stays() {
+        let mut h = map(&[
+            ("connection", "Host, x-a"),
+            ("host", "api.example.com"),
+            ("x-a", "1"),
+        ]);
+        strip(&mut h, false);
+        assert_eq!(h.get("host").unwrap(), "api.example.com");
         assert_eq!(h.len(), 1);
     }
 
