@@ -379,6 +379,7 @@ impl Gateway {
             method: parts.method.clone(),
             target,
             headers,
+            has_host: host.is_some(),
         };
         let (mut res, target) = upstream.send(out, body, started).await?;
 

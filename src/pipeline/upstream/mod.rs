@@ -63,6 +63,8 @@ pub struct Outgoing {
     /// Origin form (`/path?query`): hyper writes the target as given.
     pub target: Uri,
     pub headers: HeaderMap,
+    /// `headers` holds the request's `Host`; without one (HTTP/1.0) the target's is sent.
+    pub has_host: bool,
 }
 
 /// A target's `Target` and its pool `Dest`: the port (the scheme's when none is given), the
@@ -174,9 +176,9 @@ impl Upstream {
                 headers.clone().unwrap_or_default()
             };
             // A client without `Host` (HTTP/1.0): the target's.
-            req.headers_mut()
-                .entry(HOST)
-                .or_insert_with(|| target.host.clone());
+            if !out.has_host {
+                req.headers_mut().insert(HOST, target.host.clone());
+            }
             let sent = self.pool.send(i, req, now);
             let err = match tokio::time::timeout_at(deadline, sent).await {
                 Err(_) => {
