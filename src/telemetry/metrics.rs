@@ -216,8 +216,6 @@ impl Metrics {
         }
     }
 
-    /// The handles of the configured store (`store` label `memory` or `redis`), resolved
-    /// once at start (the store kind needs a restart to change).
     /// Each worker's open-connection gauge, worker 1 first (resolved once, at start).
     pub fn connections(&self, workers: usize) -> std::sync::Arc<[IntGauge]> {
         (1..=workers.max(1))
@@ -228,6 +226,8 @@ impl Metrics {
             .collect()
     }
 
+    /// The handles of the configured store (`store` label `memory` or `redis`), resolved
+    /// once at start (the store kind needs a restart to change).
     pub fn store(&self, label: &str) -> StoreMetrics {
         StoreMetrics {
             duration: self.store_duration.with_label_values(&[label]),
