@@ -5,7 +5,11 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-const ALWAYS: [HeaderName; 7] = [
+/// The fields that are hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, and the
+/// de-facto `Keep-Alive` and `Proxy-Connection`), indexed as [`fixed`] numbers them.
+static FIXED: [HeaderName; 9] = [
+    header::CONNECTION,
+    header::UPGRADE,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
@@ -14,6 +18,26 @@ const ALWAYS: [HeaderName; 7] = [
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
 ];
+const CONNECTION_BIT: u16 = 1 << 0;
+const UPGRADE_BIT: u16 = 1 << 1;
+
+/// `name`'s index in [`FIXED`]. Switched on the length first: most names have a length no
+/// fixed one has and cost one jump, the rest one or two comparisons (a `match` on the string
+/// alone compares it with each arm in turn).
+fn fixed(name: &HeaderName) -> Option<u32> {
+    let s = name.as_str();
+    let candidates: &[(&str, u32)] = match s.len() {
+        2 => &[("te", 4)],
+        7 => &[("upgrade", 1), ("trailer", 5)],
+        10 => &[("connection", 0), ("keep-alive", 7)],
+        16 => &[("proxy-connection", 8)],
+        17 => &[("transfer-encoding", 6)],
+        18 => &[("proxy-authenticate", 2)],
+        19 => &[("proxy-authorization", 3)],
+        _ => return None,
+    };
+    candidates.iter().find(|(n, _)| *n == s).map(|&(_, i)| i)
+}
 
 /// Is this an HTTP/1.1 upgrade request/response (`Connection: upgrade` + `Upgrade`)?
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
@@ -31,37 +55,39 @@ fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|s| !s.is_empty())
 }
 
-/// Is `name` hop-by-hop whatever `Connection` says: `Connection` and `Upgrade` themselves
-/// and the fixed list.
-fn always(name: &HeaderName) -> bool {
-    name == header::CONNECTION || name == header::UPGRADE || ALWAYS.contains(name)
-}
-
 /// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
 ///
-/// The fixed ones by one pass over the head's distinct names, removing only those present
-/// (removing each of the ten or so candidates by name would hash every one of them, twice per
-/// request: the request and the answer); then each name `Connection` lists by one lookup
-/// (any case), so a hostile head listing thousands costs one pass over them, not a comparison
-/// per name and field.
+/// The fixed ones by one pass over the head's distinct names, noting which are present, then
+/// removing only those (removing each of the nine by name would hash every one of them, twice
+/// per request: the request and the answer). `Connection` is read only when present, and
+/// each name it lists is removed by one lookup (any case), so a hostile head listing
+/// thousands costs one pass over them, not a comparison per name and field.
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
-    // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map can be
-    // changed while they are read.
-    let listed: String = connection_names(headers)
-        .filter(|n| !exempt(n))
-        .flat_map(|n| [n, ","])
-        .collect();
-    let fixed: Vec<HeaderName> = headers
-        .keys()
-        .filter(|k| always(k) && !(keep_upgrade && *k == header::UPGRADE))
-        .cloned()
-        .collect();
-    for n in fixed {
-        headers.remove(n);
+    let mut present = 0u16;
+    for k in headers.keys() {
+        if let Some(i) = fixed(k) {
+            present |= 1 << i;
+        }
     }
-    for n in listed.split_terminator(',') {
-        // Not a valid field name: nothing by that name to remove.
-        headers.remove(n);
+    if keep_upgrade {
+        present &= !UPGRADE_BIT;
+    }
+    if present & CONNECTION_BIT != 0 {
+        // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map
+        // can be changed while they are read.
+        let listed: String = connection_names(headers)
+            .filter(|n| !exempt(n))
+            .flat_map(|n| [n, ","])
+            .collect();
+        for n in listed.split_terminator(',') {
+            // Not a valid field name: nothing by that name to remove.
+            headers.remove(n);
+        }
+    }
+    for (i, name) in FIXED.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(name);
+        }
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -93,6 +119,28 @@ mod tests {
             );
         }
         m
+    }
+
+    #[test]
+    fn fixed_numbers_each_fixed_name_as_the_list_does_and_nothing_else() {
+        for (i, name) in FIXED.iter().enumerate() {
+            assert_eq!(fixed(name), Some(i as u32), "{name}");
+        }
+        // Names of the same lengths as fixed ones, and ones that merely contain them.
+        for other in [
+            "host",
+            "user-agent",
+            "tk",
+            "trailers",
+            "upgrade-insecure-requests",
+            "x-connection",
+            "content-encoding",
+            "proxy-authorizatio",
+            "access-control-max-age",
+        ] {
+            let name = HeaderName::from_bytes(other.as_bytes()).unwrap();
+            assert_eq!(fixed(&name), None, "{other}");
+        }
     }
 
     #[test]
