@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
+use bytes::Bytes;
 use http::header::{HeaderValue, HOST};
 use http::request::Parts;
 use http::Uri;
@@ -15,27 +16,55 @@ use super::headers::request_id;
 use super::live::Live;
 use super::settle::{Leases, Owed};
 use crate::model::consumer::PlanOf;
+use crate::model::identity::IpText;
 use crate::model::outcome::Outcome;
 
 /// What the listener knows about the connection a request came on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConnInfo {
     /// The TCP peer.
-    pub peer: SocketAddr,
+    pub peer: Peer,
     /// The client a PROXY header named (believed only from `trusted_proxies`).
-    pub proxied: Option<SocketAddr>,
+    pub proxied: Option<Peer>,
     /// Whether the connection is TLS (`X-Forwarded-Proto: https`).
     pub tls: bool,
 }
 
 impl ConnInfo {
+    /// The client: the one the PROXY header named when it is `believed`, else the TCP peer.
+    pub fn client(&self, believed: bool) -> &Peer {
+        match &self.proxied {
+            Some(client) if believed => client,
+            _ => &self.peer,
+        }
+    }
+
     /// A cleartext connection from `peer` (the admin listener, tests).
     pub fn plain(peer: SocketAddr) -> ConnInfo {
         ConnInfo {
-            peer,
+            peer: Peer::new(peer),
             proxied: None,
             tls: false,
         }
+    }
+}
+
+/// A client's address, and its IP as the text `X-Forwarded-For` carries upstream. The text is
+/// written once per connection: each request's copy of it is a reference count, where
+/// formatting it would cost a copy and an allocation per request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The IP (an IPv4-mapped IPv6 one as IPv4), as `to_string` writes it.
+    pub text: HeaderValue,
+}
+
+impl Peer {
+    pub fn new(addr: SocketAddr) -> Peer {
+        let text = IpText::of(addr.ip().to_canonical());
+        let text = HeaderValue::from_maybe_shared(Bytes::copy_from_slice(text.as_bytes()))
+            .expect("an IP's text is a valid header value");
+        Peer { addr, text }
     }
 }
 
@@ -43,11 +72,10 @@ pub struct Ctx {
     /// The table this request runs on, start to end, whatever reloads happen meanwhile.
     pub live: Arc<Live>,
     pub started: Instant,
-    /// The peer the request counts as from: the TCP peer, or the client a trusted proxy named
-    /// in a PROXY header.
-    pub peer: SocketAddr,
-    /// Whether the request came over TLS.
-    pub tls: bool,
+    /// The connection the request came on (shared by its requests).
+    pub conn: Arc<ConnInfo>,
+    /// Whether the client a PROXY header named is believed: the peer is a trusted proxy.
+    pub proxied: bool,
     pub rid: HeaderValue,
     /// The request head, without its target (read once into `uri`).
     pub parts: Parts,
@@ -76,20 +104,14 @@ pub struct Ctx {
 }
 
 impl Ctx {
-    pub fn new(live: Arc<Live>, mut parts: Parts, conn: ConnInfo) -> Ctx {
+    pub fn new(live: Arc<Live>, mut parts: Parts, conn: Arc<ConnInfo>) -> Ctx {
         // A PROXY header is only believed from a proxy the operator trusts; from anyone else
         // it would let a client pick the address its `by: ip` limits count.
-        let peer = match conn.proxied {
-            Some(client)
-                if live
-                    .table
-                    .client_ip
-                    .is_trusted(conn.peer.ip().to_canonical()) =>
-            {
-                client
-            }
-            _ => conn.peer,
-        };
+        let proxied = conn.proxied.is_some()
+            && live
+                .table
+                .client_ip
+                .is_trusted(conn.peer.addr.ip().to_canonical());
         let uri = std::mem::take(&mut parts.uri);
         let host = uri
             .authority()
@@ -98,8 +120,8 @@ impl Ctx {
         Ctx {
             live,
             started: Instant::now(),
-            peer,
-            tls: conn.tls,
+            conn,
+            proxied,
             rid: request_id::get_or_make(&parts.headers),
             parts,
             uri,
@@ -114,6 +136,12 @@ impl Ctx {
             owed: None,
             leases: None,
         }
+    }
+
+    /// The peer the request counts as from: the TCP peer, or the client a trusted proxy named
+    /// in a PROXY header.
+    pub fn peer(&self) -> &Peer {
+        self.conn.client(self.proxied)
     }
 
     /// The path that is matched, limited, logged and forwarded.

@@ -90,7 +90,11 @@ impl Drop for Inflight {
 impl Gateway {
     /// One request, start to end. It owns its handle on the gateway, so its future is
     /// what the server boxes, with no wrapper to move it into (see `runtime::app`).
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, conn: ConnInfo) -> Response<Body> {
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        conn: Arc<ConnInfo>,
+    ) -> Response<Body> {
         let (parts, body) = req.into_parts();
         let mut ctx = Ctx::new(self.live.load_full(), parts, conn);
         let res = match self.proxy(&mut ctx, body).await {
@@ -177,7 +181,7 @@ impl Gateway {
         let table = &ctx.live.table;
         let plan = {
             let mut who = Identity::new(
-                ctx.peer.ip(),
+                ctx.peer().addr.ip(),
                 &ctx.parts.headers,
                 ctx.uri.query(),
                 &table.client_ip,
@@ -330,7 +334,8 @@ impl Gateway {
         body: Incoming,
         started: Instant,
     ) -> Result<(Response<Body>, Arc<str>), ForwardError> {
-        let (table, peer, host, rid) = (&ctx.live.table, ctx.peer, ctx.host.as_ref(), &ctx.rid);
+        let (table, host, rid) = (&ctx.live.table, ctx.host.as_ref(), &ctx.rid);
+        let peer = ctx.conn.client(ctx.proxied);
         let parts = &mut ctx.parts;
         let path = ctx.normalized.as_deref().unwrap_or_else(|| ctx.uri.path());
         let query = ctx.uri.query();
@@ -346,10 +351,10 @@ impl Gateway {
         hop_by_hop::strip(&mut headers, upgrade);
         forwarded::apply(
             &mut headers,
-            peer.ip(),
-            table.client_ip.is_trusted(peer.ip().to_canonical()),
+            &peer.text,
+            table.client_ip.is_trusted(peer.addr.ip().to_canonical()),
             host,
-            ctx.tls,
+            ctx.conn.tls,
         );
         // The host the route was matched on: the target's authority wins over `Host`
         // (absolute form, HTTP/2's `:authority`). Otherwise it is the `Host` field itself,

@@ -292,7 +292,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
         .unwrap()
         .into_parts()
         .0;
-    let mut ctx = Ctx::new(live, parts, ConnInfo::plain((PEER, 1234).into()));
+    let mut ctx = Ctx::new(live, parts, Arc::new(ConnInfo::plain((PEER, 1234).into())));
 
     // No route matched: only the request id.
     let res = gw.respond(&ctx, Response::new(body::empty()));

@@ -93,7 +93,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let admin_task = tokio::spawn(server::serve(
         admin,
         server::Accept::default(),
-        move |req, conn: ConnInfo| admin::handle(g.clone(), req, conn.peer),
+        move |req, conn: Arc<ConnInfo>| admin::handle(g.clone(), req, conn.peer.addr),
         header_timeout,
         stop_rx.clone(),
         Duration::from_secs(1),

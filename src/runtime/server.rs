@@ -26,7 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
 use crate::net::Gather;
-use crate::pipeline::context::ConnInfo;
+use crate::pipeline::context::{ConnInfo, Peer};
 
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
@@ -108,7 +108,7 @@ pub async fn serve<H, F>(
     drain: Duration,
     mut share: Option<Share>,
 ) where
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     let graceful = GracefulShutdown::new();
@@ -134,11 +134,11 @@ pub async fn serve<H, F>(
         };
         if accept.tls.is_none() && !accept.proxy_protocol {
             // The plain path: no extra task hop, no handshake.
-            let info = ConnInfo {
-                peer,
+            let info = Arc::new(ConnInfo {
+                peer: Peer::new(peer),
                 proxied: None,
                 tls: false,
-            };
+            });
             tokio::spawn(counted(open, conn.serve(stream, info)));
         } else {
             let opened = conn.open(stream, peer, accept.clone(), header_timeout);
@@ -229,7 +229,7 @@ struct Connection<H> {
 
 impl<H, F> Connection<H>
 where
-    H: Fn(Request<Incoming>, ConnInfo) -> F + Clone + Send + Sync + 'static,
+    H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
 {
     /// Read the PROXY header and/or complete the TLS handshake, then serve HTTP. A connection
@@ -244,7 +244,7 @@ where
         let mut proxied = None;
         if accept.proxy_protocol {
             match proxy_protocol::read_header(&mut stream, limit).await {
-                Ok(Proxied::Client(addr)) => proxied = Some(addr),
+                Ok(Proxied::Client(addr)) => proxied = Some(Peer::new(addr)),
                 Ok(Proxied::Local) => {}
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "PROXY header refused; connection closed");
@@ -253,20 +253,20 @@ where
             }
         }
         let Some(acceptor) = accept.tls else {
-            let info = ConnInfo {
-                peer,
+            let info = Arc::new(ConnInfo {
+                peer: Peer::new(peer),
                 proxied,
                 tls: false,
-            };
+            });
             return self.serve(stream, info).await;
         };
         match tokio::time::timeout(limit, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
-                let info = ConnInfo {
-                    peer,
+                let info = Arc::new(ConnInfo {
+                    peer: Peer::new(peer),
                     proxied,
                     tls: true,
-                };
+                });
                 self.serve(tls, info).await
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
@@ -277,7 +277,7 @@ where
     /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`,
     /// whose TCP socket is [`Gather`]ed (below TLS, never above it: rustls already makes one
     /// record of a head and body written together).
-    async fn serve<IO>(self, io: IO, info: ConnInfo)
+    async fn serve<IO>(self, io: IO, info: Arc<ConnInfo>)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -287,6 +287,7 @@ where
             // What the panic log and answer need, taken before the handler owns `req`.
             let (method, uri) = (req.method().clone(), req.uri().clone());
             let client_rid = req.headers().get(X_REQUEST_ID).cloned();
+            let (info, peer) = (info.clone(), info.peer.addr);
             async move {
                 // The handler call itself is inside the caught future, so a panic while
                 // building the future is caught as well as one while polling it.
@@ -295,7 +296,7 @@ where
                     .await
                 {
                     Ok(res) => res,
-                    Err(p) => panicked(&*p, &method, &uri, info.peer, client_rid),
+                    Err(p) => panicked(&*p, &method, &uri, peer, client_rid),
                 };
                 Ok::<_, Infallible>(res)
             }

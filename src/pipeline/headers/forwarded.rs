@@ -2,33 +2,27 @@
 //! Envoy and HAProxy send). The peer address is always appended to X-Forwarded-For; Proto
 //! and Host are set by us unless the peer is a trusted proxy that already sent them.
 
-use std::net::IpAddr;
-
 use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, HOST};
-
-use crate::model::identity::IpText;
 
 pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
 pub const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
 
-/// `host` is the request's authority (Host header, or `:authority` for HTTP/2); `tls`
-/// whether the request reached the gateway over TLS.
+/// `peer` is the peer's IP as text (IPv4-mapped IPv6 as IPv4); `host` the request's
+/// authority (Host header, or `:authority` for HTTP/2); `tls` whether the request reached the
+/// gateway over TLS.
 pub fn apply(
     headers: &mut HeaderMap,
-    peer: IpAddr,
+    peer: &HeaderValue,
     peer_trusted: bool,
     host: Option<&HeaderValue>,
     tls: bool,
 ) {
-    let peer = IpText::of(peer.to_canonical());
     // One lookup for reading the prior hops and writing the new value.
     match headers.entry(XFF) {
         // The usual case, the first proxy: the address alone.
         Entry::Vacant(e) => {
-            if let Ok(v) = HeaderValue::from_bytes(peer.as_bytes()) {
-                e.insert(v);
-            }
+            e.insert(peer.clone());
         }
         Entry::Occupied(mut e) => {
             let mut joined: Vec<u8> = Vec::new();
@@ -59,6 +53,12 @@ pub fn apply(
 mod tests {
     use super::*;
 
+    /// An IP's text as the connection writes it once (IPv4-mapped IPv6 as IPv4).
+    fn text(ip: &str) -> HeaderValue {
+        let addr = std::net::SocketAddr::new(ip.parse().unwrap(), 1);
+        crate::pipeline::context::Peer::new(addr).text
+    }
+
     #[test]
     fn appends_peer_and_sets_proto_host() {
         let mut h = HeaderMap::new();
@@ -67,7 +67,7 @@ mod tests {
         h.append(XFF, HeaderValue::from_static("2.2.2.2"));
         h.insert(XFP, HeaderValue::from_static("https"));
         h.insert(XFH, HeaderValue::from_static("spoofed"));
-        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None, false);
+        apply(&mut h, &text("9.9.9.9"), false, None, false);
         assert_eq!(h.get(XFF).unwrap(), "1.1.1.1, 2.2.2.2, 9.9.9.9");
         assert_eq!(h.get_all(XFF).iter().count(), 1);
         assert_eq!(
@@ -82,7 +82,7 @@ mod tests {
     fn tls_sets_https_unless_a_trusted_proxy_said_otherwise() {
         let mut h = HeaderMap::new();
         h.insert(XFP, HeaderValue::from_static("http"));
-        apply(&mut h, "9.9.9.9".parse().unwrap(), false, None, true);
+        apply(&mut h, &text("9.9.9.9"), false, None, true);
         assert_eq!(
             h.get(XFP).unwrap(),
             "https",
@@ -90,7 +90,7 @@ mod tests {
         );
         let mut h = HeaderMap::new();
         h.insert(XFP, HeaderValue::from_static("http"));
-        apply(&mut h, "10.0.0.1".parse().unwrap(), true, None, true);
+        apply(&mut h, &text("10.0.0.1"), true, None, true);
         assert_eq!(
             h.get(XFP).unwrap(),
             "http",
@@ -105,7 +105,7 @@ mod tests {
         h.insert(XFH, HeaderValue::from_static("public.example.com"));
         apply(
             &mut h,
-            "::ffff:127.0.0.1".parse().unwrap(),
+            &text("::ffff:127.0.0.1"),
             true,
             Some(&HeaderValue::from_static("internal")),
             false,
@@ -120,7 +120,7 @@ mod tests {
         let mut h = HeaderMap::new();
         apply(
             &mut h,
-            "::1".parse().unwrap(),
+            &text("::1"),
             false,
             Some(&HeaderValue::from_static("h2.example.com")),
             false,
