@@ -214,6 +214,27 @@ async fn refused_upstream_is_502_and_round_robin_skips_it() {
     assert_eq!(up.hits(), 6);
 }
 
+/// A request without a body has nothing to replay: refused by the first target (round robin
+/// starts at the refusing one), it is sent to the next one all the same, once.
+#[tokio::test]
+async fn a_bodyless_request_refused_by_one_target_goes_to_the_next() {
+    let up = Upstream::start();
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    let yaml = format!(
+        "upstreams:\n  mixed: {{ targets: [{dead}, {}] }}\nroutes:\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: mixed\n",
+        up.url()
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    let r = get(&c, &s.url("/first"), &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["body_len"], 0);
+    assert_eq!(up.hits(), 1);
+    let r = send(&c, Method::DELETE, &s.url("/second"), &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(up.hits(), 2);
+}
+
 #[tokio::test]
 async fn round_robin_over_live_targets() {
     let a = Upstream::start();

@@ -144,9 +144,12 @@ impl Upstream {
         now: Instant,
     ) -> Result<(Response<Streamed>, Arc<str>), ForwardError> {
         let deadline = tokio::time::Instant::from_std(now) + self.spec.timeout;
-        let slot = Arc::new(Slot {
-            body: Mutex::new(Some(body)),
-            failed: AtomicBool::new(false),
+        // No body (most requests): nothing to share between attempts, nothing to allocate.
+        let slot = (!body.is_end_stream()).then(|| {
+            Arc::new(Slot {
+                body: Mutex::new(Some(body)),
+                failed: AtomicBool::new(false),
+            })
         });
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
@@ -191,7 +194,11 @@ impl Upstream {
                 Ok(Err(e)) => e,
             };
             let err = match err {
-                SendError::Http(e) if slot.failed.load(Ordering::Acquire) => {
+                SendError::Http(e)
+                    if slot
+                        .as_ref()
+                        .is_some_and(|s| s.failed.load(Ordering::Acquire)) =>
+                {
                     return Err(ForwardError::ClientBody(chain(&e)))
                 }
                 SendError::Http(e) => return Err(classify(&e)),
@@ -207,7 +214,8 @@ impl Upstream {
                     chain(&e)
                 )),
             };
-            if slot.body.lock().is_none() {
+            // The body went out with the failed attempt: the request cannot be sent again.
+            if slot.as_ref().is_some_and(|s| s.body.lock().is_none()) {
                 return Err(err);
             }
             target.down_until_ms.store(
@@ -258,9 +266,10 @@ struct Slot {
 }
 
 /// The client's request body, shared so that a connection refused before the body was read
-/// leaves it available for the next target. The first poll takes it out of the slot.
+/// leaves it available for the next target. The first poll takes it out of the slot. No slot:
+/// the request has no body.
 pub struct ReplayBody {
-    slot: Arc<Slot>,
+    slot: Option<Arc<Slot>>,
     inner: Option<Incoming>,
 }
 
@@ -273,36 +282,35 @@ impl HttpBody for ReplayBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
+        let Some(slot) = &this.slot else {
+            return Poll::Ready(None);
+        };
         if this.inner.is_none() {
-            this.inner = this.slot.body.lock().take();
+            this.inner = slot.body.lock().take();
         }
         let polled = match this.inner.as_mut() {
             Some(b) => Pin::new(b).poll_frame(cx),
             None => Poll::Ready(None),
         };
         if let Poll::Ready(Some(Err(_))) = &polled {
-            this.slot.failed.store(true, Ordering::Release);
+            slot.failed.store(true, Ordering::Release);
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            Some(b) => b.is_end_stream(),
-            None => self
-                .slot
-                .body
-                .lock()
-                .as_ref()
-                .is_none_or(|b| b.is_end_stream()),
+        match (&self.inner, &self.slot) {
+            (Some(b), _) => b.is_end_stream(),
+            (None, None) => true,
+            (None, Some(slot)) => slot.body.lock().as_ref().is_none_or(|b| b.is_end_stream()),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match &self.inner {
-            Some(b) => b.size_hint(),
-            None => self
-                .slot
+        match (&self.inner, &self.slot) {
+            (Some(b), _) => b.size_hint(),
+            (None, None) => SizeHint::with_exact(0),
+            (None, Some(slot)) => slot
                 .body
                 .lock()
                 .as_ref()
