@@ -180,15 +180,20 @@ async fn h2c_prior_knowledge() {
     assert!(r.header("x-request-id").is_some());
 }
 
+/// A gateway whose `/dead` goes to a target that refuses connections, and everything else to
+/// `mixed`: that refusing target first, then `up`.
+fn refusing_first(up: &Upstream) -> Sluice {
+    let dead = format!("http://127.0.0.1:{}", free_port());
+    Sluice::start(&format!(
+        "upstreams:\n  dead: {{ targets: [{dead}] }}\n  mixed: {{ targets: [{dead}, {}] }}\nroutes:\n  - name: dead\n    match: {{ path_prefix: /dead }}\n    upstream: dead\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: mixed\n",
+        up.url()
+    ))
+}
+
 #[tokio::test]
 async fn refused_upstream_is_502_and_round_robin_skips_it() {
     let up = Upstream::start();
-    let dead = format!("http://127.0.0.1:{}", free_port());
-    let yaml = format!(
-        "upstreams:\n  dead: {{ targets: [{dead}] }}\n  mixed: {{ targets: [{dead}, {}] }}\nroutes:\n  - name: dead\n    match: {{ path_prefix: /dead }}\n    upstream: dead\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: mixed\n",
-        up.url()
-    );
-    let s = Sluice::start(&yaml);
+    let s = refusing_first(&up);
     let c = client();
     let t = Instant::now();
     let r = get(&c, &s.url("/dead"), &[]).await;
@@ -219,12 +224,7 @@ async fn refused_upstream_is_502_and_round_robin_skips_it() {
 #[tokio::test]
 async fn a_bodyless_request_refused_by_one_target_goes_to_the_next() {
     let up = Upstream::start();
-    let dead = format!("http://127.0.0.1:{}", free_port());
-    let yaml = format!(
-        "upstreams:\n  mixed: {{ targets: [{dead}, {}] }}\nroutes:\n  - name: mixed\n    match: {{ path_prefix: / }}\n    upstream: mixed\n",
-        up.url()
-    );
-    let s = Sluice::start(&yaml);
+    let s = refusing_first(&up);
     let c = client();
     let r = get(&c, &s.url("/first"), &[]).await;
     assert_eq!(r.status, 200, "{}", r.text());
