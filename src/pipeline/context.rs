@@ -39,13 +39,18 @@ impl ConnInfo {
         }
     }
 
-    /// A cleartext connection from `peer` (the admin listener, tests).
-    pub fn plain(peer: SocketAddr) -> ConnInfo {
+    /// A connection from `peer`; `proxied`: the client its PROXY header named.
+    pub fn new(peer: SocketAddr, proxied: Option<SocketAddr>, tls: bool) -> ConnInfo {
         ConnInfo {
             peer: Peer::new(peer),
-            proxied: None,
-            tls: false,
+            proxied: proxied.map(Peer::new),
+            tls,
         }
+    }
+
+    /// A cleartext connection from `peer` (the admin listener, tests).
+    pub fn plain(peer: SocketAddr) -> ConnInfo {
+        ConnInfo::new(peer, None, false)
     }
 }
 

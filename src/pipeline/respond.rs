@@ -141,19 +141,14 @@ impl GatewayError {
 /// text too), built by hand: every refusal renders it.
 fn limited_detail(route: &str, limit: &str, secs: u64) -> String {
     let mut buf = [0; 20];
-    let secs = std::str::from_utf8(ratelimit::decimal(secs, &mut buf)).expect("ASCII digits");
-    let mut d = String::with_capacity(route.len() + limit.len() + secs.len() + 36);
-    for part in [
-        "rate limit `",
-        route,
-        "/",
-        limit,
-        "` exceeded; retry in ",
-        secs,
-        " s",
-    ] {
+    let digits = ratelimit::decimal(secs, &mut buf);
+    let mut d = String::with_capacity(route.len() + limit.len() + digits.len() + 36);
+    for part in ["rate limit `", route, "/", limit, "` exceeded; retry in "] {
         d.push_str(part);
     }
+    // ASCII digits, pushed as they are (no UTF-8 check of bytes known to be digits).
+    d.extend(digits.iter().map(|&b| char::from(b)));
+    d.push_str(" s");
     d
 }
 

@@ -26,7 +26,7 @@ use tokio_rustls::TlsAcceptor;
 use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
 use crate::net::Gather;
-use crate::pipeline::context::{ConnInfo, Peer};
+use crate::pipeline::context::ConnInfo;
 
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
@@ -134,11 +134,7 @@ pub async fn serve<H, F>(
         };
         if accept.tls.is_none() && !accept.proxy_protocol {
             // The plain path: no extra task hop, no handshake.
-            let info = Arc::new(ConnInfo {
-                peer: Peer::new(peer),
-                proxied: None,
-                tls: false,
-            });
+            let info = Arc::new(ConnInfo::new(peer, None, false));
             tokio::spawn(counted(open, conn.serve(stream, info)));
         } else {
             let opened = conn.open(stream, peer, accept.clone(), header_timeout);
@@ -244,7 +240,7 @@ where
         let mut proxied = None;
         if accept.proxy_protocol {
             match proxy_protocol::read_header(&mut stream, limit).await {
-                Ok(Proxied::Client(addr)) => proxied = Some(Peer::new(addr)),
+                Ok(Proxied::Client(addr)) => proxied = Some(addr),
                 Ok(Proxied::Local) => {}
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "PROXY header refused; connection closed");
@@ -253,20 +249,12 @@ where
             }
         }
         let Some(acceptor) = accept.tls else {
-            let info = Arc::new(ConnInfo {
-                peer: Peer::new(peer),
-                proxied,
-                tls: false,
-            });
+            let info = Arc::new(ConnInfo::new(peer, proxied, false));
             return self.serve(stream, info).await;
         };
         match tokio::time::timeout(limit, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
-                let info = Arc::new(ConnInfo {
-                    peer: Peer::new(peer),
-                    proxied,
-                    tls: true,
-                });
+                let info = Arc::new(ConnInfo::new(peer, proxied, true));
                 self.serve(tls, info).await
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
