@@ -24,13 +24,24 @@ use hyper_util::rt::TokioExecutor;
 #[allow(unused_imports)]
 pub use upstream::Upstream;
 
-/// A free TCP port on 127.0.0.1 (bound then released; good enough for tests).
+/// A free TCP port on 127.0.0.1 (bound then released), never one this test process was
+/// handed before: the kernel may give a released port out again at once, and two listeners
+/// of one gateway on the same port looked ready (the admin listener answered for both) while
+/// the data listener waited for a Redis that was down.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if !handed.contains(&port) {
+            handed.push(port);
+            return port;
+        }
+    }
 }
 
 /// Whether process `pid` holds a listening TCP socket on `port` (Linux: the socket inodes of
