@@ -275,6 +275,45 @@ fn non_loopback_admin_needs_a_token() {
     assert!(out.status.success());
 }
 
+/// The admin API and every listener need ports of their own. Without this check a gateway
+/// on Redis that is down binds `admin_listen` first, answers 404 on the shared port while it
+/// waits for the store, and then fails to bind the data listener.
+#[test]
+fn listeners_sharing_a_port_are_an_error() {
+    let e = errors(&format!(
+        "listen: 0.0.0.0:9090\nadmin_listen: 127.0.0.1:9090\n{OK}"
+    ));
+    assert!(
+        e[0].starts_with(
+            "F:2:1: admin_listen `127.0.0.1:9090` takes the port of listen `0.0.0.0:9090`"
+        ),
+        "{e:?}"
+    );
+    let list = "listen:\n  - address: 127.0.0.1:8081\n  - address: \"[::]:8081\"\n  \
+                - address: 127.0.0.1:8082\nadmin_listen: 127.0.0.1:8082\n";
+    let e = errors(&format!("{list}{OK}"));
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "F:3:5: two listeners on one port: `[::]:8081` and listen[0] `127.0.0.1:8081`"
+        ),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with(
+            "F:5:1: admin_listen `127.0.0.1:8082` takes the port of listen[2] `127.0.0.1:8082`"
+        ),
+        "{e:?}"
+    );
+    // Different addresses on one port, and one address on different ports, are fine.
+    let ok = format!(
+        "listen:\n  - address: 127.0.0.1:8081\n  - address: 127.0.0.2:8081\n\
+         admin_listen: \"[::1]:8081\"\n{OK}"
+    );
+    let (code, _, err, _) = check(&ok);
+    assert_eq!(code, 0, "{err}");
+}
+
 #[test]
 fn missing_file_is_an_error() {
     let out = Command::new(support::sluice_bin())

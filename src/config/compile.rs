@@ -170,6 +170,22 @@ pub fn compile(
         );
         SocketAddr::from(([127, 0, 0, 1], 9090))
     });
+    if let Some(i) = listeners
+        .iter()
+        .position(|l| same_port(l.address, admin_listen))
+    {
+        let which = match &file.listen {
+            file::Listen::Address(_) => "listen".to_string(),
+            file::Listen::List(_) => format!("listen[{i}]"),
+        };
+        c.err(
+            "admin_listen",
+            format!(
+                "admin_listen `{admin_listen}` takes the port of {which} `{}`: the admin API needs a port of its own",
+                listeners[i].address
+            ),
+        );
+    }
     if !admin_listen.ip().is_loopback()
         && std::env::var(ADMIN_TOKEN_ENV).map_or(true, |t| t.is_empty())
     {
@@ -542,6 +558,16 @@ fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<(Authority, bool)> {
     }
 }
 
+/// Whether two sockets cannot both bind: one port (not 0, which asks the kernel for any) on
+/// one address, or on a wildcard that covers the other (`0.0.0.0` covers IPv4; `::` covers
+/// both, as Linux binds it dual-stack by default).
+fn same_port(a: SocketAddr, b: SocketAddr) -> bool {
+    let covers = |w: IpAddr, x: IpAddr| w.is_unspecified() && (w.is_ipv6() || x.is_ipv4());
+    a.port() == b.port()
+        && a.port() != 0
+        && (a.ip() == b.ip() || covers(a.ip(), b.ip()) || covers(b.ip(), a.ip()))
+}
+
 /// `listen`: one cleartext address, or the list of listeners.
 fn listeners(c: &mut Ctx<'_>, listen: &file::Listen) -> Vec<Listener> {
     let address = |c: &mut Ctx<'_>, path: &str, a: &str| {
@@ -566,15 +592,17 @@ fn listeners(c: &mut Ctx<'_>, listen: &file::Listen) -> Vec<Listener> {
     if list.is_empty() {
         c.err("listen", "listen needs at least one listener");
     }
-    let mut seen = HashSet::new();
-    let mut out = Vec::with_capacity(list.len());
+    let mut out: Vec<Listener> = Vec::with_capacity(list.len());
     for (i, l) in list.iter().enumerate() {
         let base = format!("listen[{i}]");
         let addr = address(c, &format!("{base}.address"), &l.address);
-        if !seen.insert(addr) {
+        if let Some(j) = out.iter().position(|o| same_port(o.address, addr)) {
             c.err(
                 &format!("{base}.address"),
-                format!("two listeners on `{addr}`"),
+                format!(
+                    "two listeners on one port: `{addr}` and listen[{j}] `{}`",
+                    out[j].address
+                ),
             );
         }
         let tls = l.tls.as_ref().map(|t| {
@@ -1385,4 +1413,31 @@ fn cost(
             max,
         }),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_port;
+
+    #[test]
+    fn same_port_is_what_bind_would_refuse() {
+        let clash = |a: &str, b: &str| same_port(a.parse().unwrap(), b.parse().unwrap());
+        for (a, b) in [
+            ("127.0.0.1:80", "127.0.0.1:80"),
+            ("0.0.0.0:80", "127.0.0.1:80"),
+            ("[::]:80", "10.0.0.1:80"),
+            ("[::]:80", "[::1]:80"),
+            ("[::]:80", "0.0.0.0:80"),
+        ] {
+            assert!(clash(a, b) && clash(b, a), "{a} {b}");
+        }
+        for (a, b) in [
+            ("127.0.0.1:80", "127.0.0.1:81"),
+            ("127.0.0.1:80", "127.0.0.2:80"),
+            ("0.0.0.0:80", "[::1]:80"),
+            ("127.0.0.1:0", "127.0.0.1:0"),
+        ] {
+            assert!(!clash(a, b) && !clash(b, a), "{a} {b}");
+        }
+    }
 }
