@@ -305,6 +305,14 @@ fn listeners_sharing_a_port_are_an_error() {
         ),
         "{e:?}"
     );
+    // Unreadable addresses are reported as such, and not also as sharing a port.
+    let e = errors(&format!(
+        "listen:\n  - address: nope\n  - address: alsonope\nadmin_listen: 127.0.0.1:8080\n{OK}"
+    ));
+    assert!(
+        e.iter().all(|l| l.contains("invalid listen address")) && e.len() == 2,
+        "{e:?}"
+    );
     // Different addresses on one port, and one address on different ports, are fine.
     let ok = format!(
         "listen:\n  - address: 127.0.0.1:8081\n  - address: 127.0.0.2:8081\n\

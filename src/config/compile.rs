@@ -168,7 +168,8 @@ pub fn compile(
                 file.admin_listen
             ),
         );
-        SocketAddr::from(([127, 0, 0, 1], 9090))
+        // Port 0: a placeholder that clashes with no listener (the error above is the news).
+        SocketAddr::from(([127, 0, 0, 1], 0))
     });
     if let Some(i) = listeners
         .iter()
@@ -576,7 +577,9 @@ fn listeners(c: &mut Ctx<'_>, listen: &file::Listen) -> Vec<Listener> {
                 path,
                 format!("invalid listen address `{a}` (expected IP:PORT)"),
             );
-            SocketAddr::from(([0, 0, 0, 0], 8080))
+            // Port 0: a placeholder that clashes with nothing (see `same_port`), so an
+            // unreadable address is reported once, not also as sharing a port.
+            SocketAddr::from(([0, 0, 0, 0], 0))
         })
     };
     let list = match listen {

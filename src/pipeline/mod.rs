@@ -335,6 +335,7 @@ impl Gateway {
         started: Instant,
     ) -> Result<(Response<Body>, Arc<str>), ForwardError> {
         let (table, host, rid) = (&ctx.live.table, ctx.host.as_ref(), &ctx.rid);
+        // `ctx.peer()`, by field: `ctx.parts` is borrowed mutably below.
         let peer = ctx.conn.client(ctx.proxied);
         let parts = &mut ctx.parts;
         let path = ctx.normalized.as_deref().unwrap_or_else(|| ctx.uri.path());
