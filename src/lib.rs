@@ -6,6 +6,7 @@
 //! [`config`] into an immutable [`table::Table`] that [`reload`] swaps atomically.
 
 pub mod admin;
+pub mod alloc;
 pub mod config;
 pub mod limiter;
 pub mod model;

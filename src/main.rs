@@ -53,9 +53,10 @@ enum LogFormat {
 /// mimalloc instead of glibc's malloc: in an A/B on the same machine (ABAB, wrk -t1 -c64, 3
 /// rounds), 3–16 % more plain-proxy requests per gateway CPU-second and 8–21 % on a limited
 /// route in 5 of 6 pairs (docs/performance.md); a request allocates and frees small objects
-/// across threads, which is what mimalloc is built for.
+/// across threads, which is what mimalloc is built for. Called through `sluice::alloc`, which
+/// keeps small alignments off mimalloc's aligned API.
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sluice::alloc::Mimalloc = sluice::alloc::Mimalloc;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
