@@ -1,5 +1,5 @@
 //! Configuration: read the YAML file, validate it completely, and compile it into the
-//! immutable runtime [`Table`](crate::model::table::Table). Every error carries `FILE:LINE:COL`.
+//! immutable runtime [`Table`]. Every error carries `FILE:LINE:COL`.
 
 pub mod aliases;
 pub mod compile;

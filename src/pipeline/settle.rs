@@ -7,7 +7,7 @@
 //!   "client closed request"), both with a `response_header` cost's `default`.
 //! * [`Leases`]: the concurrency slots the request took. Released when the response body
 //!   ends or is dropped (the client went away, the upstream failed), renewed meanwhile every
-//!   half lease (by one task for the process, [`Renewer`]) so a long stream keeps its slot; a
+//!   half lease (by one task for the process, `Renewer`) so a long stream keeps its slot; a
 //!   gateway that dies leaves them to expire.
 //!
 //! Both settle from `Drop` as well, on a spawned task, so a request whose future hyper drops

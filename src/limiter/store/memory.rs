@@ -1,4 +1,4 @@
-//! The embedded store: limiter state in this process, decided by [`crate::algo`] directly.
+//! The embedded store: limiter state in this process, decided by [`crate::limiter::algo`] directly.
 //!
 //! Keys live in up to 64 shards, each a `parking_lot::Mutex` over a hash table, chosen by a
 //! keyed hash of the key, so cores deciding different keys rarely meet on a lock. A key is

@@ -1,5 +1,5 @@
 //! The limiter script sent to Redis, assembled at compile time from `lua/`: one file per
-//! algorithm (each the twin of its module in [`crate::algo`]), the all-or-nothing driver,
+//! algorithm (each the twin of its module in [`crate::limiter::algo`]), the all-or-nothing driver,
 //! and the entry point that reads the store's clock. One script means one SHA, and one
 //! EVALSHA per request (or per batch of requests), whatever its limits.
 

@@ -27,7 +27,7 @@ pub fn get_or_make(headers: &HeaderMap) -> HeaderValue {
 /// 32 hex digits: a random per-process prefix and a counter — unique across gateways
 /// without a random draw per request.
 ///
-/// Made [`PER_CHUNK`] at a time into one shared buffer per thread, each id a slice of it: one
+/// Made `PER_CHUNK` at a time into one shared buffer per thread, each id a slice of it: one
 /// allocation per chunk instead of two per request (a copy, then a shared header on its
 /// first clone, as the id goes upstream and back).
 pub fn generate() -> HeaderValue {

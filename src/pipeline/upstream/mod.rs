@@ -1,4 +1,4 @@
-//! Stage 4 — forward to an upstream: keep-alive connections per target ([`pool`]),
+//! Stage 4 — forward to an upstream: keep-alive connections per target (`pool`),
 //! round-robin over targets skipping those that refuse, bodies streamed both ways.
 
 mod pool;
