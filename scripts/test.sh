@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the whole test suite: installs what the tests need (real redis-server, redis-sentinel,
-# prometheus, faketime, curl, openssl), then formatting, clippy and every test.
+# prometheus, faketime, curl, openssl), then formatting, clippy, doc links and every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,6 +18,8 @@ fi
 
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
+# Doc links are checked too: a renamed module must not leave the docs pointing at nothing.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --quiet
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets 2>&1 | tee "$log"
