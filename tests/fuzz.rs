@@ -2165,7 +2165,12 @@ fn charged(
         local: &local,
         deny: None,
     };
-    let (adm, verdict) = rt.block_on(sluice::pipeline::admit::decide(route, plan, stores));
+    let (adm, verdict) = rt.block_on(sluice::pipeline::admit::decide(
+        route,
+        &sluice::pipeline::respond::Refusal::all(route),
+        plan,
+        stores,
+    ));
     assert!(
         matches!(verdict, sluice::pipeline::admit::Verdict::Pass(_)),
         "{verdict:?}"

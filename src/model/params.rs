@@ -182,17 +182,6 @@ impl Params {
         Ok(p)
     }
 
-    /// The window clients are told (`w` of `RateLimit-Policy`), in µs: the configured one, or
-    /// the length of the calendar month containing `now_us`.
-    pub fn window_at(&self, now_us: u64) -> u64 {
-        if self.month {
-            let (_, start, end) = crate::limiter::algo::calendar::month_window(now_us);
-            end - start
-        } else {
-            self.window_us
-        }
-    }
-
     /// The algorithm's name in the script's ARGV (`fixed_month` for calendar months).
     pub fn script_name(&self) -> &'static str {
         if self.month {

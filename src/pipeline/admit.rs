@@ -1,6 +1,7 @@
 //! Stage 3 — limit: turn the route's limits into one all-or-nothing store call, apply the
 //! store-error policy, and say whether the request may pass and which limit to advertise.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
@@ -19,7 +20,7 @@ use crate::model::policy::{OnError, OnMissing};
 use crate::model::route::Route;
 use crate::pipeline::headers::ratelimit::retry_after_secs;
 use crate::pipeline::identify::Identity;
-use crate::pipeline::respond::GatewayError;
+use crate::pipeline::respond::{GatewayError, Refusal};
 
 /// The per-limit label of `sluice_limit_decisions_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -231,7 +232,13 @@ pub struct Stores<'a> {
 }
 
 /// Decide the planned limits in one store call and apply the route's store-error policy.
-pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission, Verdict) {
+/// `refusals`: the route's 429s, by index of its limits.
+pub async fn decide(
+    route: &Route,
+    refusals: &[Arc<Refusal>],
+    plan: Plan,
+    stores: Stores<'_>,
+) -> (Admission, Verdict) {
     let mut adm = Admission::default();
     let Plan { calls, which, .. } = plan;
     if calls.is_empty() {
@@ -255,7 +262,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
         if let Some((i, d)) = hit.filter(|_| stores.store.healthy()) {
             adm.decisions = vec![(i, DecisionLabel::Limited)];
             adm.headline = route.limits[i].headers.then_some((i, d));
-            return (adm, refuse(route, i, d));
+            return (adm, refuse(refusals, i, d));
         }
     }
     let id = store::next_id();
@@ -354,7 +361,7 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
     if let Some((i, d)) = refused {
         // A hidden limit (`headers: false`) still gives its Retry-After, but no fields.
         adm.headline = route.limits[i].headers.then_some((i, d));
-        return (adm, refuse(route, i, d));
+        return (adm, refuse(refusals, i, d));
     }
     adm.headline = tightest;
     let mut after = After {
@@ -376,11 +383,10 @@ pub async fn decide(route: &Route, plan: Plan, stores: Stores<'_>) -> (Admission
     (adm, Verdict::Pass(passes_as))
 }
 
-/// Refused by limit `i` of `route` with decision `d` (which the answer advertises).
-fn refuse(route: &Route, i: usize, d: Decision) -> Verdict {
+/// Refused by limit `i` with decision `d` (which the answer advertises).
+fn refuse(refusals: &[Arc<Refusal>], i: usize, d: Decision) -> Verdict {
     Verdict::Refuse(GatewayError::Limited {
-        route: route.name.clone(),
-        limit: route.limits[i].name.clone(),
+        refusal: refusals[i].clone(),
         retry_after: retry_after_secs(d.retry_after_us),
     })
 }

@@ -1,6 +1,6 @@
 //! What serves a loaded table: the compiled [`Table`] (plain data) together with the runtime
 //! resources resolved for it once, when it is applied: the upstream clients and the metric
-//! handles of every route. Compiling never builds either, so a config that is checked or
+//! handles of every route, each limit's 429 body. Compiling never builds either, so a config that is checked or
 //! rejected touches nothing, and a reload reuses every upstream client whose settings did not
 //! change (its warm keep-alive connections and its round-robin position survive).
 
@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crate::config::file::File;
 use crate::model::consumer::ANONYMOUS;
 use crate::model::table::Table;
+use crate::pipeline::respond::Refusal;
 use crate::pipeline::upstream::Upstream;
 use crate::telemetry::metrics::{Metrics, PlanMetrics, RouteMetrics};
 
@@ -20,6 +21,8 @@ pub struct Live {
     pub upstreams: Vec<Arc<Upstream>>,
     /// By index of [`Table::routes`].
     pub routes: Vec<RouteMetrics>,
+    /// By index of [`Table::routes`], then of the route's limits: each limit's 429.
+    pub refusals: Vec<Vec<Arc<Refusal>>>,
     /// Route `_none`.
     pub no_route: RouteMetrics,
     /// By index of `Consumers::plans`.
@@ -55,10 +58,12 @@ impl Live {
             })
             .collect();
         let routes = table.routes.iter().map(|r| metrics.route(r)).collect();
+        let refusals = table.routes.iter().map(Refusal::all).collect();
         let consumers = &table.consumers;
         Live {
             upstreams,
             routes,
+            refusals,
             no_route: metrics.no_route(),
             plans: consumers
                 .plans

@@ -43,7 +43,7 @@ use headers::request_id::X_REQUEST_ID;
 use headers::{forwarded, hop_by_hop, ratelimit};
 use identify::Identity;
 use live::Live;
-use respond::GatewayError;
+use respond::{GatewayError, Refusal};
 use upstream::{ForwardError, Outgoing, Upstream};
 
 use crate::limiter::deny::DenyCache;
@@ -116,7 +116,7 @@ impl Gateway {
         let live = ctx.live.clone();
         let _inflight = live.routes[index].inflight.clone().map(Inflight::enter);
         let route = &live.table.routes[index];
-        ctx.outcome = self.admit(ctx, route).await?;
+        ctx.outcome = self.admit(ctx, route, &live.refusals[index]).await?;
         // Boxed: the upstream exchange is most of a request's state, and answers made here
         // (429s, errors) never need it, so the request's own future stays small to move.
         let res = Box::pin(self.forward(ctx, route, &live.upstreams[route.upstream], body)).await;
@@ -172,8 +172,13 @@ impl Gateway {
     }
 
     /// Identify the client and decide every limit of the route in one store call. `Ok`: the
-    /// outcome the request counts as once forwarded.
-    async fn admit(&self, ctx: &mut Ctx, route: &Route) -> Result<Outcome, GatewayError> {
+    /// outcome the request counts as once forwarded. `refusals`: the route's 429s.
+    async fn admit(
+        &self,
+        ctx: &mut Ctx,
+        route: &Route,
+        refusals: &[Arc<Refusal>],
+    ) -> Result<Outcome, GatewayError> {
         // A plain proxy route: no identity to work out, nothing to decide.
         if route.limits.is_empty() {
             return Ok(Outcome::Forwarded);
@@ -195,7 +200,7 @@ impl Gateway {
             local: &self.local,
             deny: self.deny.as_ref(),
         };
-        let (mut admission, verdict) = admit::decide(route, plan, stores).await;
+        let (mut admission, verdict) = admit::decide(route, refusals, plan, stores).await;
         if let Some(after) = admission.after.take() {
             self.settle_later(ctx, *after);
         }

@@ -8,7 +8,9 @@ use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
 use http::{Response, StatusCode};
 
 use crate::limiter::store::StoreError;
+use crate::model::limit::LimitRule;
 use crate::model::outcome::Outcome;
+use crate::model::route::Route;
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::ratelimit;
 use crate::pipeline::upstream::ForwardError;
@@ -25,10 +27,10 @@ pub enum GatewayError {
     /// A `consumers: required` route, and the request's API key is missing or nobody's.
     #[error("{}", if *key_present { "this API key belongs to no consumer" } else { "this route needs an API key" })]
     UnknownConsumer { key_present: bool },
-    #[error("{}", limited_detail(.route, .limit, *.retry_after))]
+    /// Refused by a limit: its 429, rendered but for the wait, and the wait in seconds.
+    #[error("{}", limited_detail(&.refusal.route, &.refusal.limit, *.retry_after))]
     Limited {
-        route: Arc<str>,
-        limit: Arc<str>,
+        refusal: Arc<Refusal>,
         retry_after: u64,
     },
     #[error("rate-limit store unavailable: {0}")]
@@ -93,28 +95,21 @@ impl GatewayError {
     /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
     pub fn problem(&self) -> Problem<'_> {
         let status = self.status();
-        let (kind, route, limit, retry_after, detail) = match self {
+        match self {
             GatewayError::Limited {
-                route,
-                limit,
+                refusal,
                 retry_after,
-            } => {
-                // Its Display text, without going through the formatter.
-                let d = limited_detail(route, limit, *retry_after);
-                let (route, limit) = (Some(route.as_ref()), Some(limit.as_ref()));
-                (QUOTA_EXCEEDED, route, limit, Some(*retry_after), d)
-            }
-            _ => ("about:blank", None, None, None, self.to_string()),
-        };
-        Problem {
-            kind,
-            title: status.canonical_reason().unwrap_or("Error"),
-            status: status.as_u16(),
-            detail,
-            route,
-            limit,
-            retry_after,
-            errors: None,
+            } => quota_exceeded(&refusal.route, &refusal.limit, *retry_after),
+            _ => Problem {
+                kind: "about:blank",
+                title: status.canonical_reason().unwrap_or("Error"),
+                status: status.as_u16(),
+                detail: self.to_string(),
+                route: None,
+                limit: None,
+                retry_after: None,
+                errors: None,
+            },
         }
     }
 
@@ -122,7 +117,14 @@ impl GatewayError {
     /// `responses.headers` says); an unframeable request closes the connection. The request
     /// id is added with every answer's other fields, by the pipeline's `respond` phase.
     pub fn into_response(self) -> Response<Body> {
-        let mut res = render(self.status(), &self.problem());
+        let mut res = match &self {
+            // The refusing limit's body was rendered when its table was applied.
+            GatewayError::Limited {
+                refusal,
+                retry_after,
+            } => with_body(self.status(), refusal.body(*retry_after)),
+            _ => render(self.status(), &self.problem()),
+        };
         let h = res.headers_mut();
         match &self {
             GatewayError::Limited { retry_after, .. } => {
@@ -134,6 +136,78 @@ impl GatewayError {
             _ => {}
         }
         res
+    }
+}
+
+/// The problem document of a refusal by `route`'s limit `limit`, `secs` before a retry can
+/// pass.
+fn quota_exceeded<'a>(route: &'a str, limit: &'a str, secs: u64) -> Problem<'a> {
+    Problem {
+        kind: QUOTA_EXCEEDED,
+        title: "Too Many Requests",
+        status: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+        detail: limited_detail(route, limit, secs),
+        route: Some(route),
+        limit: Some(limit),
+        retry_after: Some(secs),
+        errors: None,
+    }
+}
+
+/// One limit's 429 body, rendered once per loaded table (by [`Problem::to_json`], the one
+/// writer of problem documents) and cut around the two places its wait goes: the detail's
+/// "retry in N s" and `retry_after`. A refusal then costs one allocation and four copies
+/// instead of a document written member by member, each string scanned for escapes.
+#[derive(Debug)]
+pub struct Refusal {
+    pub route: Arc<str>,
+    pub limit: Arc<str>,
+    /// The document up to the detail's wait.
+    head: Box<[u8]>,
+    /// From after the detail's wait up to `retry_after`'s value.
+    middle: Box<[u8]>,
+}
+
+impl Refusal {
+    pub fn new(route: Arc<str>, limit: Arc<str>) -> Refusal {
+        let doc = quota_exceeded(&route, &limit, 0).to_json();
+        // A `"` inside a JSON string is escaped, so this unescaped one ends the detail: the
+        // first match is the detail's wait, whatever the names hold.
+        const DETAIL_END: &[u8] = b"0 s\",\"route\":";
+        let at = doc
+            .windows(DETAIL_END.len())
+            .position(|w| w == DETAIL_END)
+            .expect("a refusal's detail ends with its wait");
+        // The document ends `"retry_after":0}`.
+        debug_assert!(doc.ends_with(b",\"retry_after\":0}"));
+        let last = doc.len() - 2;
+        Refusal {
+            head: doc[..at].into(),
+            middle: doc[at + 1..last].into(),
+            route,
+            limit,
+        }
+    }
+
+    /// A refusal of every limit of `route`, by index of its limits.
+    pub fn all(route: &Route) -> Vec<Arc<Refusal>> {
+        let refusal = |l: &LimitRule| Arc::new(Refusal::new(route.name.clone(), l.name.clone()));
+        route.limits.iter().map(refusal).collect()
+    }
+
+    /// The body for a wait of `secs`: the document [`GatewayError::problem`] renders for it.
+    pub fn body(&self, secs: u64) -> Vec<u8> {
+        let mut buf = [0; 20];
+        let digits = ratelimit::decimal(secs, &mut buf);
+        let len = self.head.len() + self.middle.len() + 2 * digits.len() + 1;
+        // Exactly its length: the body takes the buffer over without a shared handle.
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(digits);
+        out.extend_from_slice(&self.middle);
+        out.extend_from_slice(digits);
+        out.push(b'}');
+        out
     }
 }
 
@@ -179,9 +253,13 @@ pub fn problem_with_errors(
 
 /// The one renderer of problem documents.
 fn render(status: StatusCode, doc: &Problem<'_>) -> Response<Body> {
-    // Trimmed to its length (in place), so the body takes the buffer over instead of
-    // allocating a shared handle for it.
-    let mut json = doc.to_json();
+    with_body(status, doc.to_json())
+}
+
+/// A gateway answer with this problem+json body.
+fn with_body(status: StatusCode, mut json: Vec<u8>) -> Response<Body> {
+    // Trimmed to its length (in place, when it is not already), so the body takes the
+    // buffer over instead of allocating a shared handle for it.
     json.shrink_to_fit();
     let mut res = Response::new(full(Bytes::from(json)));
     *res.status_mut() = status;
@@ -331,8 +409,7 @@ mod tests {
     #[test]
     fn quota_exceeded_problem() {
         let e = GatewayError::Limited {
-            route: "login".into(),
-            limit: "per-ip".into(),
+            refusal: Arc::new(Refusal::new("login".into(), "per-ip".into())),
             retry_after: 12,
         };
         assert_eq!(
@@ -362,6 +439,57 @@ mod tests {
         let res = e.into_response();
         assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
         assert_eq!(res.headers()[RETRY_AFTER], "12");
+    }
+
+    /// A refusal's pre-rendered body is, byte for byte, the document the one writer makes
+    /// for the same names and wait: names that need escaping, names that look like the
+    /// marks it is cut at, waits of every digit count.
+    #[test]
+    fn a_refusals_body_is_the_document_it_was_cut_from() {
+        let names = [
+            "r",
+            "per-ip",
+            "0 s\",\"route\":",
+            "quote \" backslash \\ nul \u{0} tab \t \u{e9}\u{1f600}",
+            "retry in 0 s",
+            "",
+        ];
+        let waits = [0, 1, 9, 10, 59, 3600, 86_400 * 366, u64::MAX];
+        for route in names {
+            for limit in names {
+                let refusal = Refusal::new(route.into(), limit.into());
+                for secs in waits {
+                    let body = refusal.body(secs);
+                    let doc = quota_exceeded(route, limit, secs).to_json();
+                    assert_eq!(
+                        String::from_utf8_lossy(&body),
+                        String::from_utf8_lossy(&doc),
+                        "{route:?} {limit:?} {secs}"
+                    );
+                    assert_eq!(body.len(), body.capacity(), "allocated to its length");
+                    let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                    assert_eq!(v["route"], route);
+                    assert_eq!(v["limit"], limit);
+                    assert_eq!(v["retry_after"], secs);
+                }
+            }
+        }
+    }
+
+    /// What the client receives is the pre-rendered body, and the answer is a complete 429.
+    #[tokio::test]
+    async fn a_refusal_answers_with_its_body() {
+        use http_body_util::BodyExt;
+        let e = GatewayError::Limited {
+            refusal: Arc::new(Refusal::new("login".into(), "per-ip".into())),
+            retry_after: 3,
+        };
+        let expected = e.problem().to_json();
+        let res = e.into_response();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[RETRY_AFTER], "3");
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], &expected[..]);
     }
 
     /// Whatever the strings hold, the document parses back to the same values (serde_json as

@@ -79,7 +79,7 @@ async fn admit(
         local,
         deny: None,
     };
-    Ok(admit::decide(route, plan, stores).await)
+    Ok(admit::decide(route, &Refusal::all(route), plan, stores).await)
 }
 
 fn local() -> MemoryStore {
@@ -109,11 +109,11 @@ async fn a_refusing_limit_wins_and_reports_the_longest_wait() {
         Outcome::Forwarded
     );
     let second = admit(&l, &store, &local, &h).await.unwrap();
-    let Verdict::Refuse(GatewayError::Limited { limit, .. }) = &second.1 else {
+    let Verdict::Refuse(GatewayError::Limited { refusal, .. }) = &second.1 else {
         panic!("{:?}", second.1);
     };
     assert_eq!(
-        &**limit as &str, "long",
+        &*refusal.limit, "long",
         "the limit with the longest wait is reported"
     );
     assert_eq!(second.0.headline.map(|(i, _)| i), Some(1));
@@ -216,8 +216,7 @@ async fn a_missing_identity_or_bad_cost_is_answered_before_any_store_call() {
 #[test]
 fn every_gateway_answer_is_rendered_in_one_shape() {
     let limited = GatewayError::Limited {
-        route: "r".into(),
-        limit: "l".into(),
+        refusal: Arc::new(Refusal::new("r".into(), "l".into())),
         retry_after: 7,
     };
     assert_eq!(limited.outcome(), Outcome::Limited);
@@ -303,8 +302,7 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     ctx.admission = adm;
     // A gateway answer gets its request id here too (`into_response` leaves it out).
     let refused = GatewayError::Limited {
-        route: "r".into(),
-        limit: "per-ip".into(),
+        refusal: Arc::new(Refusal::new("r".into(), "per-ip".into())),
         retry_after: 60,
     };
     let res = gw.respond(&ctx, refused.into_response());

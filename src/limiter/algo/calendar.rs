@@ -3,6 +3,8 @@
 //! Howard Hinnant's `days_from_civil` / `civil_from_days` (proleptic Gregorian, exact for every
 //! day since 1970). Twin of the same functions in `lua/fixed_window.lua`.
 
+use super::Params;
+
 const DAY_US: u64 = 86_400_000_000;
 
 /// (year, month 1..=12) of a day count since 1970-01-01.
@@ -27,6 +29,17 @@ fn days_from_civil(year: u64, month: u64) -> u64 {
     let doy = (153 * mp + 2) / 5;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146_097 + doe - 719_468
+}
+
+/// The window clients are told (`w` of `RateLimit-Policy`), in µs: the configured one, or
+/// the length of the calendar month containing `now_us`.
+pub fn window_at(p: &Params, now_us: u64) -> u64 {
+    if p.month {
+        let (_, start, end) = month_window(now_us);
+        end - start
+    } else {
+        p.window_us
+    }
 }
 
 /// The UTC month containing `now_us` (µs since the Unix epoch): its index (year·12 + month − 1,

@@ -95,8 +95,8 @@ mod tests {
         assert!(d.allowed(), "a new month starts empty");
         assert_eq!(d.remaining, 2);
         assert_eq!(d.reset_after_us, 31 * 86_400 * S, "March has 31 days");
-        assert_eq!(p.window_at(march_1), 31 * 86_400 * S);
-        assert_eq!(p.window_at(last_us), 29 * 86_400 * S);
+        assert_eq!(calendar::window_at(&p, march_1), 31 * 86_400 * S);
+        assert_eq!(calendar::window_at(&p, last_us), 29 * 86_400 * S);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use http::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 
-use crate::limiter::algo::{Algorithm, Decision, Params};
+use crate::limiter::algo::{calendar, Algorithm, Decision, Params};
 use crate::model::policy::HeadersMode;
 
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -28,7 +28,7 @@ pub fn policy_value(route: &str, limit: &str, p: &Params) -> HeaderValue {
 
 /// The policy item at `now_us` (Unix µs): for a calendar month, `w` is that month's length.
 pub fn policy_at(route: &str, limit: &str, p: &Params, now_us: u64) -> HeaderValue {
-    policy_with_window(route, limit, p, p.window_at(now_us))
+    policy_with_window(route, limit, p, calendar::window_at(p, now_us))
 }
 
 fn policy_with_window(route: &str, limit: &str, p: &Params, window_us: u64) -> HeaderValue {
