@@ -1,8 +1,9 @@
 //! What serves a loaded table: the compiled [`Table`] (plain data) together with the runtime
-//! resources resolved for it once, when it is applied: the upstream clients and the metric
-//! handles of every route, each limit's 429 body. Compiling never builds either, so a config that is checked or
-//! rejected touches nothing, and a reload reuses every upstream client whose settings did not
-//! change (its warm keep-alive connections and its round-robin position survive).
+//! resources resolved for it once, when it is applied: the upstream clients, the metric
+//! handles of every route and each limit's 429 body. Compiling builds none of them, so a
+//! config that is checked or rejected touches nothing, and a reload reuses every upstream
+//! client whose settings did not change (its warm keep-alive connections and its round-robin
+//! position survive).
 
 use std::sync::Arc;
 
