@@ -117,25 +117,25 @@ impl GatewayError {
     /// `responses.headers` says); an unframeable request closes the connection. The request
     /// id is added with every answer's other fields, by the pipeline's `respond` phase.
     pub fn into_response(self) -> Response<Body> {
-        let mut res = match &self {
+        let status = self.status();
+        match &self {
             // The refusing limit's body was rendered when its table was applied.
             GatewayError::Limited {
                 refusal,
                 retry_after,
-            } => with_body(self.status(), refusal.body(*retry_after)),
-            _ => render(self.status(), &self.problem()),
-        };
-        let h = res.headers_mut();
-        match &self {
-            GatewayError::Limited { retry_after, .. } => {
-                ratelimit::set_retry_after(h, *retry_after);
+            } => {
+                let mut res = with_body(status, refusal.body(*retry_after));
+                ratelimit::set_retry_after(res.headers_mut(), *retry_after);
+                res
             }
             GatewayError::Unframeable(_) | GatewayError::Upstream(ForwardError::ClientBody(_)) => {
-                h.insert(CONNECTION, HeaderValue::from_static("close"));
+                let mut res = render(status, &self.problem());
+                let close = HeaderValue::from_static("close");
+                res.headers_mut().insert(CONNECTION, close);
+                res
             }
-            _ => {}
+            _ => render(status, &self.problem()),
         }
-        res
     }
 }
 
