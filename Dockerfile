@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # Sluice gateway image. Also carries `demo_upstream`, so docker-compose.yml runs the demo
-# upstream from the same image.
+# upstream from the same image. The release build is profile-guided (.cargo/config.toml,
+# pgo/sluice.profdata).
 
 FROM rust:1-slim-bookworm AS build
 WORKDIR /src

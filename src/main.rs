@@ -9,10 +9,17 @@ use sluice::config;
 use sluice::config::Loaded;
 use sluice::model::tls::TlsVersion;
 
+/// The crate's version, and for a profile-guided build the profile it was built with (set by
+/// scripts/rustc-pgo, the release builds' rustc wrapper).
+const VERSION: &str = match option_env!("SLUICE_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 #[derive(Parser)]
 #[command(
     name = "sluice",
-    version,
+    version = VERSION,
     about = "HTTP reverse-proxy gateway with built-in, distributed rate limiting"
 )]
 struct Cli {
