@@ -9,11 +9,12 @@ use sluice::config;
 use sluice::config::Loaded;
 use sluice::model::tls::TlsVersion;
 
-/// The crate's version, and for a profile-guided build the profile it was built with (set by
-/// scripts/rustc-pgo, the release builds' rustc wrapper).
-const VERSION: &str = match option_env!("SLUICE_BUILD_VERSION") {
-    Some(v) => v,
-    None => env!("CARGO_PKG_VERSION"),
+/// The crate's version, and whether the build is profile-guided (scripts/rustc-pgo, the
+/// release builds' rustc wrapper, passes `--cfg sluice_pgo` with the profile).
+const VERSION: &str = if cfg!(sluice_pgo) {
+    concat!(env!("CARGO_PKG_VERSION"), " (profile-guided)")
+} else {
+    env!("CARGO_PKG_VERSION")
 };
 
 #[derive(Parser)]

@@ -20,24 +20,22 @@ fn profile_llvm() -> u32 {
 }
 
 /// A stand-in rustc in `dir` whose `-vV` reports LLVM `llvm`; otherwise it prints each
-/// argument on a line, then `version=` and what `SLUICE_BUILD_VERSION` it was given.
+/// argument on a line.
 fn fake_rustc(dir: &Path, llvm: u32) -> PathBuf {
     let path = dir.join(format!("rustc-llvm{llvm}"));
     let script = format!(
-        "#!/bin/sh\nif [ \"$1\" = -vV ]; then\n  printf 'rustc 1.0.0\\nhost: x\\nLLVM version: {llvm}.1.0\\n'\n  exit 0\nfi\nfor a in \"$@\"; do echo \"$a\"; done\necho \"version=${{SLUICE_BUILD_VERSION:-}}\"\n"
+        "#!/bin/sh\nif [ \"$1\" = -vV ]; then\n  printf 'rustc 1.0.0\\nhost: x\\nLLVM version: {llvm}.1.0\\n'\n  exit 0\nfi\nfor a in \"$@\"; do echo \"$a\"; done\n"
     );
     std::fs::write(&path, script).unwrap();
     Command::new("chmod").arg("+x").arg(&path).status().unwrap();
     path
 }
 
-/// The stand-in's output lines when the wrapper runs it with `args` (and `SLUICE_PGO=pgo`).
+/// The stand-in's output lines when the wrapper runs it with `args` (and `SLUICE_PGO=pgo`):
+/// the arguments rustc was given.
 fn wrapped(rustc: &Path, args: &[&str], pgo: Option<&str>) -> Vec<String> {
     let mut cmd = Command::new(root().join("scripts/rustc-pgo"));
-    cmd.arg(rustc)
-        .args(args)
-        .env("CARGO_PKG_VERSION", "9.9.9")
-        .env_remove("SLUICE_PGO");
+    cmd.arg(rustc).args(args).env_remove("SLUICE_PGO");
     if let Some(v) = pgo {
         cmd.env("SLUICE_PGO", v);
     }
@@ -62,19 +60,17 @@ fn profile_flag() -> String {
     )
 }
 
+fn strings(args: &[&str]) -> Vec<String> {
+    args.iter().map(|a| a.to_string()).collect()
+}
+
 #[test]
-fn an_optimized_build_gets_the_profile_and_says_so_in_its_version() {
+fn an_optimized_build_gets_the_profile_and_the_cfg_its_version_shows() {
     let dir = tempfile::tempdir().unwrap();
     let rustc = fake_rustc(dir.path(), profile_llvm());
-    let out = wrapped(&rustc, RELEASE, None);
-    let mut expected: Vec<String> = RELEASE.iter().map(|a| a.to_string()).collect();
-    expected.push(profile_flag());
-    assert_eq!(out[..out.len() - 1], expected[..]);
-    let version = out.last().unwrap();
-    assert!(
-        version.starts_with("version=9.9.9 (profile-guided: pgo/sluice.profdata "),
-        "{version}"
-    );
+    let mut expected = strings(RELEASE);
+    expected.extend([profile_flag(), "--cfg".into(), "sluice_pgo".into()]);
+    assert_eq!(wrapped(&rustc, RELEASE, None), expected);
 }
 
 #[test]
@@ -89,11 +85,7 @@ fn builds_that_cannot_or_should_not_use_it_pass_through_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     let same = fake_rustc(dir.path(), profile_llvm());
     let older = fake_rustc(dir.path(), profile_llvm() - 1);
-    let unchanged = |args: &[&str]| {
-        let mut v: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-        v.push("version=".into());
-        v
-    };
+    let unchanged = strings;
     // A debug or test build.
     let debug = ["--crate-name", "x", "-C", "debuginfo=2", "src/lib.rs"];
     assert_eq!(wrapped(&same, &debug, None), unchanged(&debug));
@@ -112,4 +104,40 @@ fn cargo_s_version_probe_passes_through() {
     let rustc = fake_rustc(dir.path(), 7);
     let out = wrapped(&rustc, &["-vV"], None);
     assert_eq!(out, ["rustc 1.0.0", "host: x", "LLVM version: 7.1.0"]);
+}
+
+/// With this toolchain's real rustc, an optimized crate builds through the wrapper without a
+/// word: the committed profile is one its LLVM reads (or, were its LLVM older, it is left
+/// out). rustc only warns about a profile it cannot read (`invalid instrumentation profile
+/// data`) and builds on without it, so a corrupt profile would otherwise go unnoticed.
+#[test]
+fn the_committed_profile_builds_with_this_toolchain() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("lib.rs");
+    std::fs::write(
+        &src,
+        "pub fn add(a: u64, b: u64) -> u64 { a.wrapping_add(b) }\n",
+    )
+    .unwrap();
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
+    let out = Command::new(root().join("scripts/rustc-pgo"))
+        .arg(rustc)
+        .args([
+            "--crate-type",
+            "lib",
+            "--crate-name",
+            "probe",
+            "-C",
+            "opt-level=3",
+        ])
+        .arg("--out-dir")
+        .arg(dir.path())
+        .arg(&src)
+        .env_remove("SLUICE_PGO")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.trim().is_empty(), "rustc said: {stderr}");
+    assert!(dir.path().join("libprobe.rlib").exists());
 }
