@@ -21,6 +21,7 @@ host=$(rustc -vV | sed -n 's/^host: //p')
 profdata="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
 [ -x "$profdata" ] || { echo "llvm-profdata not found: rustup component add llvm-tools" >&2; exit 1; }
 llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
+commit=$(git describe --always --dirty) # of the code trained, before the profile is rewritten
 
 tmp=$(mktemp -d)
 pids=()
@@ -115,7 +116,7 @@ train embedded "{ kind: memory }"
 train redis "{ kind: redis, redis: { url: \"redis://127.0.0.1:$REDIS\", timeout: 200ms }, on_error: deny }"
 
 "$profdata" merge -o pgo/sluice.profdata "$tmp"/raw/*.profraw
-printf 'llvm_major=%s\nrustc=%s\ncommit=%s\n' "$llvm_major" "$(rustc -V)" "$(git describe --always --dirty)" \
+printf 'llvm_major=%s\nrustc=%s\ncommit=%s\n' "$llvm_major" "$(rustc -V)" "$commit" \
   > pgo/sluice.meta
 echo "wrote pgo/sluice.profdata ($(wc -c < pgo/sluice.profdata) bytes) and pgo/sluice.meta"
 echo "rebuild with it: cargo clean --release && cargo build --release"
