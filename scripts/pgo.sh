@@ -95,6 +95,8 @@ train() { # name store-yaml
   LLVM_PROFILE_FILE="$tmp/raw/sluice-%p.profraw" RUST_LOG=off "$bin" run -c "$tmp/$1.yaml" &
   local pid=$!
   for _ in $(seq 100); do curl -s -o /dev/null "127.0.0.1:$P/" && break; sleep 0.1; done
+  # A gateway that never came up would leave a profile of nothing: stop instead.
+  curl -sf -o /dev/null "127.0.0.1:$P/plain" || { echo "sluice did not start on $tmp/$1.yaml" >&2; exit 1; }
   echo "training on the $1 store (${secs}s per workload)"
   local url="http://127.0.0.1:$P" d="${secs}s" w=(wrk -t1 -c64 -s scripts/wrk_keys.lua)
   for path in /plain / /deny /algo/x "/answers/x?status=403" "/answers/x?tokens=3"; do
