@@ -55,6 +55,13 @@ bench_setup() {
   target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
 }
 
+# A self-signed ECDSA P-256 certificate for localhost: $tmp/tls.crt and $tmp/tls.key.
+self_signed_cert() {
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
+    -keyout "$tmp/tls.key" -out "$tmp/tls.crt" -subj "/CN=localhost" \
+    -addext "subjectAltName=DNS:localhost" 2>/dev/null
+}
+
 # The head of an nginx.conf as the peer rig writes it: $1 workers, access log off, keep-alive
 # clients and upstream without a request cap; the caller adds its servers and closes `http`.
 nginx_head() { # workers

@@ -17,9 +17,7 @@ done
 . scripts/bench_lib.sh
 bench_setup
 SL=$(free_port); ADM=$(free_port); NG=$(free_port)
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
-  -keyout "$tmp/tls.key" -out "$tmp/tls.crt" -subj "/CN=localhost" \
-  -addext "subjectAltName=DNS:localhost" 2>/dev/null
+self_signed_cert
 
 cat > "$tmp/sluice.yaml" <<YAML
 listen:

@@ -43,9 +43,7 @@ UP=$(free_port); REDIS=$(free_port)
 LLVM_PROFILE_FILE="$tmp/upstream-%p.profraw" "$built/examples/demo_upstream" \
   "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
 redis-server --port "$REDIS" --bind 127.0.0.1 --save '' --appendonly no >/dev/null & pids+=($!)
-openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 30 \
-  -keyout "$tmp/tls.key" -out "$tmp/tls.crt" -subj "/CN=localhost" \
-  -addext "subjectAltName=DNS:localhost" 2>/dev/null
+self_signed_cert
 printf 'wrk.method = "POST"\nwrk.body = string.rep("x", 2048)\nwrk.headers["Content-Type"] = "text/plain"\n' \
   > "$tmp/post.lua"
 
