@@ -201,7 +201,8 @@ fi
 # them after the first (HAProxy counts refused requests too; sluice and limit_req do not, which
 # only matters when some get through). Requests per CPU-second of the proxy's own processes.
 # The peer rig's 429 row uses 10 000 keys instead: there sluice and limit_req forward one
-# request per key per second and HAProxy almost none (docs/performance.md).
+# request per key per second and HAProxy almost none; scripts/bench_refuse_all.sh is the rig
+# target that refuses all of them too (docs/performance.md, "The 429 path like with like").
 echo
 printf '%-34s %12s %10s %14s %10s\n' "429 path, one client" req/s p99_ms req/cpu-s "sluice ×"
 printf '%-34s %12.0f %10.2f %14.0f %10s\n' "sluice (embedded store)" "$s429" "$s429p99" "$s429cpu" "–"
