@@ -10,7 +10,7 @@
 # compare unequal work. Here /deny is 1 per 1000 s (burst 1): after a key's first request
 # every request is refused, as HAProxy's are. Everything else is the rig's configuration.
 #
-#   bash ../shared/bench/compare.sh --repeat 3 \
+#   compare.sh --repeat 3 \
 #     --target "sluice-refuse-all=$PWD/scripts/bench_refuse_all.sh $PWD/target/release/sluice@18094" \
 #     --target-deny sluice-refuse-all=/deny
 set -euo pipefail
