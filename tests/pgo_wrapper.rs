@@ -31,8 +31,8 @@ fn fake_rustc(dir: &Path, llvm: u32) -> PathBuf {
     path
 }
 
-/// The stand-in's output lines when the wrapper runs it with `args` (and `SLUICE_PGO=pgo`):
-/// the arguments rustc was given.
+/// The stand-in's output lines when the wrapper runs it with `args` (and `SLUICE_PGO` set to
+/// `pgo` when given, unset otherwise): the arguments rustc was given.
 fn wrapped(rustc: &Path, args: &[&str], pgo: Option<&str>) -> Vec<String> {
     let mut cmd = Command::new(root().join("scripts/rustc-pgo"));
     cmd.arg(rustc).args(args).env_remove("SLUICE_PGO");
