@@ -98,8 +98,10 @@ async fn a_refusing_limit_wins_and_reports_the_longest_wait() {
     let l = loaded(
         "allow",
         &[
-            "{ name: short, by: ip, algorithm: fixed_window, rate: 1/10s }",
-            "{ name: long, by: ip, algorithm: fixed_window, rate: 1/1h }",
+            // Buckets, not windows: a window aligned to the clock could roll over between the
+            // two requests and admit the second (seen once under a loaded CI machine).
+            "{ name: short, by: ip, algorithm: token_bucket, rate: 1/10s }",
+            "{ name: long, by: ip, algorithm: token_bucket, rate: 1/1h }",
         ],
     );
     let (store, local) = (memory(), local());
