@@ -18,22 +18,26 @@ local PER_KEY = 9
 -- 9 per key of a single request are the two in a row; a batch sends each distinct limit once.
 local PER_SPEC = 6
 
--- ARGV repeats the same few values (costs, flags, ops): each distinct string is parsed once
--- per call.
+-- ARGV repeats the same few values (limits' numbers, costs, flags): each distinct string is
+-- parsed once per call.
 local INTS = {}
 
--- ARGV[j] as an integer in lo..hi; raises (error table) otherwise.
-local function arg(j, lo, hi, what)
-  local s = ARGV[j]
+-- `s` (found at ARGV[j]) as an integer in lo..hi; raises (error table) otherwise.
+local function num(s, j, lo, hi, what)
   local v = INTS[s]
   if v == nil then
-    v = int(s)
+    v = digits(s)
     if v ~= nil then INTS[s] = v end
   end
   if v == nil or v < lo or v > hi then
     error({err = 'sluice: bad ' .. what .. ' in ARGV[' .. j .. ']'})
   end
   return v
+end
+
+-- ARGV[j] as an integer in lo..hi; raises (error table) otherwise.
+local function arg(j, lo, hi, what)
+  return num(ARGV[j], j, lo, hi, what)
 end
 
 -- A limit's static parameters at ARGV[j .. j + 5], checked against `now`; raises on bad input.
@@ -60,24 +64,16 @@ local function spec_at(j, now)
   return s
 end
 
--- One key's call: limit `s` with cost, shadow and op at ARGV[j .. j + 2].
-local function call_at(s, j)
-  -- The same limit with the same cost, flag and op is the same (read-only) call.
-  local a, b, c = ARGV[j], ARGV[j + 1], ARGV[j + 2]
-  local m = s.calls
-  if m == nil then m = {}; s.calls = m end
-  local key = (a or '') .. ':' .. (b or '') .. ':' .. (c or '')
-  local hit = m[key]
-  if hit ~= nil then return hit end
-  hit = {
+-- One key's call: limit `s` with cost, shadow flag and op, found at ARGV[j], ARGV[j + step]
+-- and ARGV[j + 2 * step] (step 0: all three in one argument).
+local function call_of(s, j, step, cost, shadow, op)
+  return {
     algorithm = s.algorithm, limit = s.limit, window = s.window, capacity = s.capacity,
     interval = s.interval, unit = s.unit,
-    cost = arg(j, 0, MAX_EXACT - 1, 'cost'),
-    shadow = arg(j + 1, 0, 1, 'shadow flag') == 1,
-    op = arg(j + 2, 0, 4, 'op'),
+    cost = num(cost, j, 0, MAX_EXACT - 1, 'cost'),
+    shadow = num(shadow, j + step, 0, 1, 'shadow flag') == 1,
+    op = num(op, j + 2 * step, 0, 4, 'op'),
   }
-  m[key] = hit
-  return hit
 end
 
 -- One limit, as src/limiter/algo/mod.rs `run` does it.
@@ -90,7 +86,7 @@ local function one(now, key, i, p, write, nonce)
   -- A window charges what still fits in it.
   local _, _, left = algo(key, p, now, 0, false, nonce, i)
   local _, limit, remaining, retry, reset =
-    algo(key, p, now, math.min(p.cost, left), true, nonce, i)
+    algo(key, p, now, min(p.cost, left), true, nonce, i)
   return 0, limit, remaining, retry, reset
 end
 
@@ -98,7 +94,8 @@ end
 -- whether all non-shadow limits admitted it.
 local function run(now, keys, k0, calls, nonce, write, out)
   local pass = true
-  for i, p in ipairs(calls) do
+  for i = 1, #calls do
+    local p = calls[i]
     local code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
     local o = 5 * (i - 1)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
@@ -113,7 +110,8 @@ end
 -- first access), so a key this node cannot serve (Redis Cluster, a slot that moved) raises
 -- before the request has charged anything.
 local function request(now, keys, k0, calls, nonce, commit)
-  local out = {}
+  -- Sized for one key up front: growing a table five times costs more than the decision.
+  local out = {0, 0, 0, 0, 0}
   if commit and #calls == 1 then
     -- Alone, committing directly is all-or-nothing already: a refusal writes nothing.
     run(now, keys, k0, calls, nonce, true, out)
@@ -134,36 +132,52 @@ local function decide_all(now, extra_args)
   local calls = {}
   for i = 1, nkeys do
     local b = 2 + PER_KEY * (i - 1)
-    calls[i] = call_at(spec_at(b + 1, now), b + 1 + PER_SPEC)
+    local j = b + 1 + PER_SPEC
+    calls[i] = call_of(spec_at(b + 1, now), j, 1, ARGV[j], ARGV[j + 1], ARGV[j + 2])
   end
   return request(now, KEYS, 0, calls, ARGV[1], commit)
 end
 
--- One request of a batch: its n keys from KEYS[k0 + 1], its nonce at ARGV[a0], then 4 per key
--- (the index of its limit in `specs`, cost, shadow, op). Raises on bad input, before writing.
-local function batch_request(now, keys, k0, n, a0, specs)
-  local calls = {}
-  for i = 1, n do
-    local b = a0 + 4 * (i - 1)
-    local s = specs[arg(b + 1, 1, #specs, 'limit index')]
-    if s.bad ~= nil then error(s.bad) end
-    calls[i] = call_at(s, b + 2)
+-- A request's shape in a batch: per key, its limit's index in `specs` (from 1), cost, shadow
+-- flag and op, as `index:cost:shadow:op`, the keys' joined by `,` (one limit: `1:1:0:0`).
+-- Requests of one route mostly share a shape, so each valid one is read once per call:
+-- {n = its key count, calls...}. A shape that is not valid is {n, bad = its error} (read
+-- again where it recurs, so that the error names the right ARGV); its key count is still
+-- known, so the requests after it are found.
+local SHAPES = {}
+
+local function shape_at(j, specs)
+  local s = ARGV[j]
+  local shape = SHAPES[s]
+  if shape ~= nil then return shape end
+  shape = {n = 0}
+  for part in string.gmatch(s .. ',', '([^,]*),') do
+    shape.n = shape.n + 1
+    local i, cost, shadow, op = string.match(part, '^(%d+):(%d+):(%d+):(%d+)$')
+    local ok, call = pcall(function()
+      if i == nil then error({err = 'sluice: bad request shape in ARGV[' .. j .. ']'}) end
+      local spec = specs[num(i, j, 1, #specs, 'limit index')]
+      if spec.bad ~= nil then error(spec.bad) end
+      return call_of(spec, j, 0, cost, shadow, op)
+    end)
+    if ok then shape[shape.n] = call elseif shape.bad == nil then shape.bad = call end
   end
-  return request(now, keys, k0, calls, ARGV[a0], true)
+  if shape.bad == nil then SHAPES[s] = shape end
+  return shape
 end
 
 -- Several requests, decided one after another in the order given, each atomic and
 -- all-or-nothing on its own: ARGV[1] = 'batch', ARGV[2] = R requests, ARGV[3] = L limits,
 -- then each limit's 6 static values once (algorithm, N, W, C, I, unit), then per request its
--- key count, its nonce and 4 per key (limit index 1..L, cost, shadow, op); KEYS are the
--- requests' keys in order. With no KEYS the keys follow in ARGV instead: Redis Cluster routes
--- a call by its declared keys, which must share one slot, while a batch for one node spans
--- that node's slots (the script's `allow-cross-slot-keys` flag lets it touch them).
+-- nonce and its shape (above); KEYS are the requests' keys in order. With no KEYS the keys
+-- follow in ARGV instead: Redis Cluster routes a call by its declared keys, which must share
+-- one slot, while a batch for one node spans that node's slots (the script's
+-- `allow-cross-slot-keys` flag lets it touch them).
 -- Reply: per request, its 5 integers per key, or the error string of that request alone (a
 -- request that errs, or names a limit that does, or has a key this node does not serve,
 -- wrote nothing; the others are unaffected).
 local function decide_batch(now, extra_args)
-  local count, nspecs = int(ARGV[2]), int(ARGV[3])
+  local count, nspecs = digits(ARGV[2]), digits(ARGV[3])
   if count == nil or count < 1 then return redis.error_reply('sluice: bad batch size') end
   if nspecs == nil or nspecs < 1 then return redis.error_reply('sluice: bad limit count') end
   local specs = {}
@@ -171,25 +185,26 @@ local function decide_batch(now, extra_args)
     local ok, s = pcall(spec_at, 4 + PER_SPEC * (j - 1), now)
     if ok then specs[j] = s else specs[j] = {bad = s} end
   end
-  local spans, a, k = {}, 3 + PER_SPEC * nspecs, 0
+  local first = 4 + PER_SPEC * nspecs -- the first request's nonce
+  local a, k = first, 0
   for r = 1, count do
-    local n = int(ARGV[a + 1])
-    if n == nil or n < 1 then return redis.error_reply('sluice: bad key count in ARGV[' .. (a + 1) .. ']') end
-    spans[r] = {k, n, a + 2}
-    a, k = a + 2 + 4 * n, k + n
+    a, k = a + 2, k + shape_at(a + 1, specs).n
   end
   local keys = KEYS
   if #KEYS == 0 then
     keys = {}
-    for i = 1, k do keys[i] = ARGV[a + i] end
+    for i = 1, k do keys[i] = ARGV[a - 1 + i] end
     a = a + k
   end
-  if k ~= #keys or a ~= #ARGV - extra_args then
+  if k ~= #keys or a - 1 ~= #ARGV - extra_args then
     return redis.error_reply('sluice: batch does not match its KEYS and ARGV')
   end
-  local out = {}
-  for r, span in ipairs(spans) do
-    local ok, res = pcall(batch_request, now, keys, span[1], span[2], span[3], specs)
+  local out, k0 = {}, 0
+  for r = 1, count do
+    local at = first + 2 * (r - 1)
+    local shape = shape_at(at + 1, specs)
+    local ok, res = true, shape.bad
+    if res == nil then ok, res = pcall(request, now, keys, k0, shape, ARGV[at], true) end
     if ok then
       out[r] = res
     elseif type(res) == 'table' then
@@ -197,6 +212,7 @@ local function decide_batch(now, extra_args)
     else
       out[r] = tostring(res)
     end
+    k0 = k0 + shape.n
   end
   return out
 end

@@ -35,7 +35,7 @@ local function fixed(key, p, now, cost, commit, k, to_end)
   local count = 0
   -- Any other window (older, or future after a clock step back) counts nothing.
   if sw ~= nil and sc ~= nil and sw == k then count = sc end
-  local remaining = math.max(n - count, 0)
+  local remaining = max(n - count, 0)
   local reset = 0
   if count > 0 then reset = to_end end
   if cost > n then return 2, n, remaining, 0, reset end

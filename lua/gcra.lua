@@ -16,7 +16,7 @@ ALGO.gcra = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local full = c * i
   local debt = gcra_debt(key, p, now)
-  local remaining = idiv(math.max(full - debt, 0), i)
+  local remaining = idiv(max(full - debt, 0), i)
   if cost > c then return 2, c, remaining, 0, debt end
   if cost == 0 then return 0, c, remaining, 0, debt end
   local debt2 = debt + cost * i
@@ -30,7 +30,7 @@ end
 -- Charge whatever is left (after the answer): the TAT goes at most 2·C·I ahead.
 CHARGE.gcra = function(key, p, now, cost)
   local c, i = p.capacity, p.interval
-  local debt2 = math.min(gcra_debt(key, p, now) + cost * i, 2 * c * i)
+  local debt2 = min(gcra_debt(key, p, now) + cost * i, 2 * c * i)
   redis.call('SET', key, fmt(now + debt2), 'PX', fmt(idiv(debt2 + 999, 1000)))
-  return 0, c, idiv(math.max(c * i - debt2, 0), i), 0, debt2
+  return 0, c, idiv(max(c * i - debt2, 0), i), 0, debt2
 end

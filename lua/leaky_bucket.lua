@@ -12,7 +12,7 @@ local function leak(key, p, now)
   local l, t = 0, now
   -- A t after now (corruption, clock stepped back) reads as fresh, i.e. empty.
   if sl ~= nil and st ~= nil and st <= now then
-    l = math.min(sl, 2 * c)
+    l = min(sl, 2 * c)
     local leaked = idiv(now - st, i)
     if leaked >= l then
       l, t = 0, now
@@ -30,7 +30,7 @@ local function leaked_after(t, units, i, now) return units * i - (now - t) end
 ALGO.leaky_bucket = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local l, t = leak(key, p, now)
-  local left = math.max(c - l, 0)
+  local left = max(c - l, 0)
   local drained = leaked_after(t, l, i, now)
   if cost > c then return 2, c, left, 0, drained end
   if cost == 0 then return 0, c, left, 0, drained end

@@ -3,27 +3,36 @@
 
 local MAX_EXACT = 9007199254740992 -- 2^53
 
--- A string of decimal digits as a number, or nil when absent, negative, fractional, in
--- exponent form or >= 2^53: corrupt or foreign state then reads as a fresh key (never as more
--- than a full quota), and ARGV must be plain integers.
+-- Lua 5.1 looks a global up by name on every use; these run several times per request.
+local tonumber, sformat, floor, max, min = tonumber, string.format, math.floor, math.max, math.min
+
+-- Stored state as a number, or nil when absent, negative, fractional or >= 2^53: corrupt or
+-- foreign state then reads as a fresh key (never as more than a full quota). Any other
+-- spelling of an integer in range (`1e3`, ` 7`) reads as that integer, a state the algorithms
+-- handle like any other; checking the digits too cost more than the rest of a decision.
 local function int(s)
+  local v = tonumber(s)
+  if v == nil or v < 0 or v >= MAX_EXACT or v % 1 ~= 0 then return nil end
+  return v
+end
+
+-- An argument as a number: plain decimal digits only, below 2^53; nil otherwise.
+local function digits(s)
   if type(s) ~= 'string' or #s > 16 or not string.match(s, '^%d+$') then
     return nil
   end
-  local v = tonumber(s)
-  if v >= MAX_EXACT then return nil end
-  return v
+  return int(s)
 end
 
 -- Integers print in full (`tostring` would print 1.7953151949079e+15).
 local function fmt(v)
-  return string.format('%d', v)
+  return sformat('%d', v)
 end
 
 -- floor(a / b) for integers 0 <= a < 2^53, b >= 1, exact: the double quotient can round
 -- up to the next integer, so correct it with exact products.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   while q * b > a do q = q - 1 end
   while (q + 1) * b <= a do q = q + 1 end
   return q

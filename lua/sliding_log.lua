@@ -14,7 +14,7 @@ ALGO.sliding_log = function(key, p, now, cost, commit, nonce, index)
   end
   local reset = 0
   if live > 0 then reset = newest + w - now end
-  local remaining = math.max(n - live, 0)
+  local remaining = max(n - live, 0)
   if cost > n then return 2, n, remaining, 0, reset end
   if cost == 0 then return 0, n, remaining, 0, reset end
   if cost > remaining then

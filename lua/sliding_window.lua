@@ -33,7 +33,7 @@ ALGO.sliding_window = function(key, p, now, cost, commit)
   local zero = wu * u
   local room = n * wu - prev * (wu - eu)
   if room < 0 then room = 0 else room = idiv(room, wu) end
-  local remaining = math.max(room - cur, 0)
+  local remaining = max(room - cur, 0)
   if cost > n then return 2, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
   if cost == 0 then return 0, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
   if cost > remaining then

@@ -13,7 +13,7 @@ local function token_refill(key, p, now)
   if sn == 0 and st ~= nil and st > now and st - now <= c * i then
     n, t = 0, st
   elseif sn ~= nil and st ~= nil and st <= now then
-    n = math.min(sn, c)
+    n = min(sn, c)
     local add = idiv(now - st, i) -- divide first: no overflow after a long idle
     if add >= c - n then
       n, t = c, now
@@ -25,7 +25,7 @@ local function token_refill(key, p, now)
 end
 
 -- Time until `need` more tokens have arrived at `now`: the first one arrives at t + I.
-local function token_after(t, need, i, now) return math.max(t + need * i - now, 0) end
+local function token_after(t, need, i, now) return max(t + need * i - now, 0) end
 
 ALGO.token_bucket = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
@@ -47,7 +47,7 @@ CHARGE.token_bucket = function(key, p, now, cost)
   local c, i = p.capacity, p.interval
   local n, t = token_refill(key, p, now)
   if cost <= n then return ALGO.token_bucket(key, p, now, cost, true) end
-  t = math.min(t + (cost - n) * i, now + c * i)
+  t = min(t + (cost - n) * i, now + c * i)
   redis.call('HSET', key, 'n', '0', 't', fmt(t))
   local reset = t + c * i - now
   expire_us(key, reset)

@@ -418,6 +418,9 @@ fn garbage_and_old_state_never_admit_more_than_capacity() {
         "1.5",
         "9007199254740993",
         "",
+        // Another spelling of an integer reads as that integer (the script checks the value
+        // of stored state, not its digits): still never more than capacity.
+        "1e1",
     ];
     let c = 4;
     let mut seeded = 0;
@@ -720,6 +723,77 @@ fn a_batch_decides_like_its_requests_one_after_another() {
             let ints: Vec<i64> = got.as_array().iter().map(Resp::as_int).collect();
             let got = scripts::decisions(&ints, calls.len()).unwrap();
             assert_eq!(got, want, "round {round}, request {q}: {calls:?}");
+        }
+    }
+}
+
+/// A request whose shape (its part of a batch's ARGV: `index:cost:shadow:op` per key) is
+/// malformed gets its own error naming that argument, and writes nothing; the requests before
+/// and after it, even one with the same shape as a bad one, are told apart and decided.
+#[test]
+fn a_malformed_request_shape_fails_that_request_alone() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut conn = redis.conn();
+    let p = params(Algorithm::TokenBucket, 5, 60 * S, None);
+    let spec = [
+        "token_bucket".to_owned(),
+        p.limit.to_string(),
+        p.window_us.to_string(),
+        p.capacity.to_string(),
+        p.interval_us.to_string(),
+        p.unit_us.to_string(),
+    ];
+    // (shape, its keys, what the request must answer: 5 integers per key, or an error)
+    let cases: [(&str, &[&str], Option<&str>); 7] = [
+        ("1:1:0:0", &["s:ok1"], None),
+        ("1:1:0", &["s:bad1"], Some("bad request shape")),
+        ("2:1:0:0", &["s:bad2"], Some("bad limit index")),
+        ("1:1:2:0", &["s:bad3"], Some("bad shadow flag")),
+        (
+            "1:1e3:0:0,1:1:0:0",
+            &["s:bad4", "s:bad5"],
+            Some("bad request shape"),
+        ),
+        ("1:1:0:0,1:2:0:0", &["s:ok2", "s:ok3"], None),
+        ("1:1:0", &["s:bad6"], Some("bad request shape")),
+    ];
+    let mut args: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone()];
+    let keys: Vec<&str> = cases.iter().flat_map(|c| c.1.iter().copied()).collect();
+    args.push(keys.len().to_string());
+    args.extend(keys.iter().map(|k| k.to_string()));
+    args.extend(["batch".into(), cases.len().to_string(), "1".into()]);
+    args.extend(spec);
+    // ARGV index of the first request's nonce (ARGV follows EVALSHA, its SHA, the count, KEYS).
+    let first = args.len() - 3 - keys.len() + 1;
+    for (i, (shape, _, _)) in cases.iter().enumerate() {
+        args.extend([format!("n{i}"), shape.to_string()]);
+    }
+    args.push(T0.to_string());
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let reply = lua.conn.cmd(&argv).as_array();
+    assert_eq!(reply.len(), cases.len());
+    for (i, ((shape, keys, want), got)) in cases.iter().zip(reply).enumerate() {
+        match want {
+            None => {
+                let ints: Vec<i64> = got.as_array().iter().map(Resp::as_int).collect();
+                let d = scripts::decisions(&ints, keys.len()).unwrap();
+                assert!(d.iter().all(|d| d.code == Code::Allowed), "{shape}: {d:?}");
+                for k in *keys {
+                    assert_eq!(conn.cmd_ok(&["EXISTS", k]).as_int(), 1, "{shape}: {k}");
+                }
+            }
+            Some(err) => {
+                let Resp::Bulk(Some(e)) = got else {
+                    panic!("{shape} answered {got:?}");
+                };
+                let e = String::from_utf8_lossy(&e);
+                let at = format!("ARGV[{}]", first + 2 * i + 1);
+                assert!(e.contains(err) && e.contains(&at), "{shape}: {e}");
+                for k in *keys {
+                    assert_eq!(conn.cmd_ok(&["EXISTS", k]).as_int(), 0, "{shape}: {k}");
+                }
+            }
         }
     }
 }

@@ -53,40 +53,49 @@ pub fn argv(nonce: &str, commit: bool, calls: &[super::LimitCall]) -> Vec<String
 }
 
 /// The ARGV of a batch (`lua/decide.lua`, `decide_batch`): `batch`, the request count, the
-/// count of distinct limits and each one's 6 static values once, then per request its key
-/// count, its nonce and 4 values per key (its limit's index from 1, cost, shadow, op). The
-/// KEYS are every request's keys, in the same order. The script checks and reads each limit
-/// once per call, not once per request.
+/// count of distinct limits and each one's 6 static values once, then per request its nonce
+/// and its shape: per key `index:cost:shadow:op` (its limit's index from 1), joined by `,`.
+/// The KEYS are every request's keys, in the same order. The script checks and reads each
+/// limit and each distinct shape once per call, not once per request, and Redis makes two
+/// strings per request, not six.
 pub fn batch_argv<'a>(
     requests: impl ExactSizeIterator<Item = (&'a str, &'a [super::LimitCall])>,
 ) -> Vec<String> {
+    use std::fmt::Write;
     let requests: Vec<_> = requests.collect();
     let mut specs: Vec<&Params> = Vec::new();
-    let mut index = Vec::new();
-    for c in requests.iter().flat_map(|(_, calls)| calls.iter()) {
-        let i = match specs.iter().position(|p| **p == c.params) {
-            Some(i) => i,
-            None => {
-                specs.push(&c.params);
-                specs.len() - 1
-            }
-        };
-        index.push(i + 1);
+    let mut shapes = Vec::with_capacity(requests.len());
+    for (_, calls) in &requests {
+        let mut shape = String::with_capacity(8 * calls.len());
+        for c in calls.iter() {
+            let i = match specs.iter().position(|p| **p == c.params) {
+                Some(i) => i,
+                None => {
+                    specs.push(&c.params);
+                    specs.len() - 1
+                }
+            };
+            let sep = if shape.is_empty() { "" } else { "," };
+            let _ = write!(
+                shape,
+                "{sep}{}:{}:{}:{}",
+                i + 1,
+                c.cost,
+                u8::from(c.shadow),
+                c.op as u8
+            );
+        }
+        shapes.push(shape);
     }
-    let mut a = Vec::with_capacity(3 + 6 * specs.len() + 2 * requests.len() + 4 * index.len());
+    let mut a = Vec::with_capacity(3 + 6 * specs.len() + 2 * requests.len());
     a.extend(["batch".to_owned(), requests.len().to_string()]);
     a.push(specs.len().to_string());
     for p in specs {
         push_spec(&mut a, p);
     }
-    let mut index = index.into_iter();
-    for (nonce, calls) in requests {
-        a.push(calls.len().to_string());
+    for ((nonce, _), shape) in requests.into_iter().zip(shapes) {
         a.push(nonce.to_owned());
-        for (c, i) in calls.iter().zip(&mut index) {
-            a.push(i.to_string());
-            push_call(&mut a, c);
-        }
+        a.push(shape);
     }
     a
 }
