@@ -1,6 +1,7 @@
 //! The gateway's side of a batched Redis decision: encoding a batch's ARGV
-//! (`scripts::batch_argv`: each distinct limit once, then 4 values per key) and decoding its
-//! reply (`scripts::batch_decisions`: per request, 5 integers per key or its own error).
+//! (`scripts::batch_argv`: each distinct limit once, then each request's nonce and shape) and
+//! decoding its reply (`scripts::batch_decisions`: per request, 5 integers per key or its own
+//! error).
 //! Batches of 1, 16 and 64 requests (the most one call carries), one token-bucket limit each,
 //! as on the peer rig's Redis route.
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
