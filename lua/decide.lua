@@ -186,6 +186,8 @@ local function decide_batch(now, extra_args)
     if ok then specs[j] = s else specs[j] = {bad = s} end
   end
   local first = 4 + PER_SPEC * nspecs -- the first request's nonce
+  local mismatch = 'sluice: batch does not match its KEYS and ARGV'
+  if first - 1 + 2 * count > #ARGV - extra_args then return redis.error_reply(mismatch) end
   local a, k = first, 0
   for r = 1, count do
     a, k = a + 2, k + shape_at(a + 1, specs).n
@@ -196,9 +198,7 @@ local function decide_batch(now, extra_args)
     for i = 1, k do keys[i] = ARGV[a - 1 + i] end
     a = a + k
   end
-  if k ~= #keys or a - 1 ~= #ARGV - extra_args then
-    return redis.error_reply('sluice: batch does not match its KEYS and ARGV')
-  end
+  if k ~= #keys or a - 1 ~= #ARGV - extra_args then return redis.error_reply(mismatch) end
   local out, k0 = {}, 0
   for r = 1, count do
     local at = first + 2 * (r - 1)

@@ -729,7 +729,8 @@ fn a_batch_decides_like_its_requests_one_after_another() {
 
 /// A request whose shape (its part of a batch's ARGV: `index:cost:shadow:op` per key) is
 /// malformed gets its own error naming that argument, and writes nothing; the requests before
-/// and after it, even one with the same shape as a bad one, are told apart and decided.
+/// and after it, even one with the same shape as a bad one, are told apart and decided. A
+/// batch missing arguments is refused whole.
 #[test]
 fn a_malformed_request_shape_fails_that_request_alone() {
     let redis = RedisServer::start();
@@ -770,6 +771,18 @@ fn a_malformed_request_shape_fails_that_request_alone() {
         args.extend([format!("n{i}"), shape.to_string()]);
     }
     args.push(T0.to_string());
+    // Cut short (the last shape missing, or the last two arguments): the whole call is
+    // refused before anything is written.
+    for cut in [2, 3] {
+        let mut short = args.clone();
+        short.drain(short.len() - cut..short.len() - 1);
+        let short: Vec<&str> = short.iter().map(String::as_str).collect();
+        match lua.conn.cmd(&short) {
+            Resp::Error(e) => assert!(e.contains("does not match"), "{e}"),
+            other => panic!("a batch cut short answered {other:?}"),
+        }
+        assert_eq!(conn.cmd_ok(&["EXISTS", "s:ok1"]).as_int(), 0);
+    }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let reply = lua.conn.cmd(&argv).as_array();
     assert_eq!(reply.len(), cases.len());
