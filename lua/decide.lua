@@ -146,6 +146,15 @@ end
 -- known, so the requests after it are found.
 local SHAPES = {}
 
+-- One key's part of the shape at ARGV[j] as its call; raises on bad input.
+local function shape_call(part, j, specs)
+  local i, cost, shadow, op = string.match(part, '^(%d+):(%d+):(%d+):(%d+)$')
+  if i == nil then error({err = 'sluice: bad request shape in ARGV[' .. j .. ']'}) end
+  local spec = specs[num(i, j, 1, #specs, 'limit index')]
+  if spec.bad ~= nil then error(spec.bad) end
+  return call_of(spec, j, 0, cost, shadow, op)
+end
+
 local function shape_at(j, specs)
   local s = ARGV[j]
   local shape = SHAPES[s]
@@ -153,13 +162,7 @@ local function shape_at(j, specs)
   shape = {n = 0}
   for part in string.gmatch(s .. ',', '([^,]*),') do
     shape.n = shape.n + 1
-    local i, cost, shadow, op = string.match(part, '^(%d+):(%d+):(%d+):(%d+)$')
-    local ok, call = pcall(function()
-      if i == nil then error({err = 'sluice: bad request shape in ARGV[' .. j .. ']'}) end
-      local spec = specs[num(i, j, 1, #specs, 'limit index')]
-      if spec.bad ~= nil then error(spec.bad) end
-      return call_of(spec, j, 0, cost, shadow, op)
-    end)
+    local ok, call = pcall(shape_call, part, j, specs)
     if ok then shape[shape.n] = call elseif shape.bad == nil then shape.bad = call end
   end
   if shape.bad == nil then SHAPES[s] = shape end

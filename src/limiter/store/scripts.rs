@@ -75,15 +75,9 @@ pub fn batch_argv<'a>(
                     specs.len() - 1
                 }
             };
+            let [cost, shadow, op] = call_values(c);
             let sep = if shape.is_empty() { "" } else { "," };
-            let _ = write!(
-                shape,
-                "{sep}{}:{}:{}:{}",
-                i + 1,
-                c.cost,
-                u8::from(c.shadow),
-                c.op as u8
-            );
+            let _ = write!(shape, "{sep}{}:{cost}:{shadow}:{op}", i + 1);
         }
         shapes.push(shape);
     }
@@ -117,11 +111,13 @@ fn push_spec(a: &mut Vec<String>, p: &Params) {
     }
 }
 
-/// One key's call on its limit: cost, shadow, op.
+/// One key's call on its limit, in the order the script reads it: cost, shadow, op.
+fn call_values(c: &super::LimitCall) -> [u64; 3] {
+    [c.cost, u64::from(c.shadow), c.op as u64]
+}
+
 fn push_call(a: &mut Vec<String>, c: &super::LimitCall) {
-    for v in [c.cost, u64::from(c.shadow), c.op as u64] {
-        a.push(v.to_string());
-    }
+    a.extend(call_values(c).map(|v| v.to_string()));
 }
 
 /// Decode a batch reply: per request (of `keys[r]` keys), its decisions or its own error.
