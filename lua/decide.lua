@@ -220,8 +220,17 @@ local function decide_batch(now, extra_args)
   return out
 end
 
--- The production entry and the tests' pinned one both dispatch here.
-local function decide(now, extra_args)
+-- The tests' pinned entry and production's (below) both dispatch here: `keys` and `argv` as
+-- described at the top, `now` in µs. The caches are the call's own: a library of Redis
+-- Functions keeps this closure, and so these tables, from one call to the next.
+local function decide(now, extra_args, keys, argv)
+  KEYS, ARGV, INTS, SHAPES = keys, argv, {}, {}
   if ARGV[1] == 'batch' then return decide_batch(now, extra_args) end
   return decide_all(now, extra_args)
+end
+
+-- Production's entry: decide at the store's own clock, so gateways with skewed clocks agree.
+local function decide_now(keys, argv)
+  local t = redis.call('TIME')
+  return decide(tonumber(t[1]) * 1000000 + tonumber(t[2]), 0, keys, argv)
 end

@@ -3,6 +3,10 @@
 
 local MAX_EXACT = 9007199254740992 -- 2^53
 
+-- The call's keys and arguments (decide() sets them): locals, not Redis's globals, because a
+-- library of Redis Functions is handed them as arguments and may not read or set globals.
+local KEYS, ARGV
+
 -- Lua 5.1 looks a global up by name on every use; these run several times per request.
 local tonumber, sformat, floor, max, min = tonumber, string.format, math.floor, math.max, math.min
 

@@ -1,3 +1,2 @@
--- Entry point: decide at the store's own clock, so gateways with skewed clocks agree.
-local t = redis.call('TIME')
-return decide(tonumber(t[1]) * 1000000 + tonumber(t[2]), 0)
+-- EVAL's entry: Redis runs the whole script at every call, so the body is built per call.
+return (sluice())(KEYS, ARGV)

@@ -19,7 +19,7 @@
 #
 # Faults (seconds after the load starts):
 #   6 SIGKILL Redis, restart it 4 s later      20 CLIENT PAUSE 2000     28 DEBUG SLEEP 1
-#  34 FLUSHALL                                 41 SCRIPT FLUSH          45 SIGKILL Redis, 2 s down
+#  34 FLUSHALL                41 FUNCTION FLUSH + SCRIPT FLUSH          45 SIGKILL Redis, 2 s down
 # Exact-limit checks (fresh key each, N = 50 per hour, EXACT_SEND requests per gateway and route):
 #   before the load, at 2, 16 (after the restart), 21.3 to ~23 (60/s per stream, across the end
 #   of the pause and the breaker closing: only <= N is required), 37 (after FLUSHALL), 53, and
@@ -301,7 +301,8 @@ fault() { # name
       rcli PING >/dev/null; tback=$(now) # queued behind the sleep
       wait "$dp" || true ;;
     flushall | scriptflush)
-      if [[ $name == flushall ]]; then rcli FLUSHALL >/dev/null; else rcli SCRIPT FLUSH >/dev/null; fi
+      if [[ $name == flushall ]]; then rcli FLUSHALL >/dev/null
+      else rcli FUNCTION FLUSH >/dev/null; rcli SCRIPT FLUSH >/dev/null; fi
       tback=$(now)
       for g in 1 2; do first_decided "$g" "$run/faults/$name.g$g" & pp+=($!); done ;;
   esac

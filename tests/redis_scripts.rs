@@ -36,7 +36,8 @@ impl Rng {
 /// A script under test on one connection: the production body with a chosen entry point.
 struct Lua {
     conn: Conn,
-    sha: String,
+    /// How a call names it: `EVALSHA SHA` or `FCALL NAME`.
+    target: [String; 2],
     nonce: u64,
 }
 
@@ -44,7 +45,7 @@ impl Lua {
     /// `now` pinned by the last ARGV (test-only entry).
     fn pinned(conn: Conn) -> Lua {
         let script = format!(
-            "#!lua\n{}return decide(tonumber(ARGV[#ARGV]), 1)\n",
+            "#!lua\n{}local _, decide = sluice()\nreturn decide(tonumber(ARGV[#ARGV]), 1, KEYS, ARGV)\n",
             scripts::BODY
         );
         Lua::load(conn, &script)
@@ -55,13 +56,32 @@ impl Lua {
         Lua::load(conn, scripts::SCRIPT)
     }
 
+    /// The production library (Redis Functions, FCALL): `now` is Redis's `TIME`.
+    fn library(mut conn: Conn) -> Lua {
+        let lib = scripts::Library::new();
+        let name = conn
+            .cmd_ok(&["FUNCTION", "LOAD", "REPLACE", &lib.code])
+            .as_str();
+        assert_eq!(name, lib.name);
+        Lua {
+            conn,
+            target: ["FCALL".into(), name],
+            nonce: 0,
+        }
+    }
+
     fn load(mut conn: Conn, script: &str) -> Lua {
         let sha = conn.cmd_ok(&["SCRIPT", "LOAD", script]).as_str();
         Lua {
             conn,
-            sha,
+            target: ["EVALSHA".into(), sha],
             nonce: 0,
         }
+    }
+
+    /// A call's command and what it names, to which its key count, KEYS and ARGV follow.
+    fn head(&self) -> Vec<String> {
+        self.target.to_vec()
     }
 
     /// One call; `now` is appended only for the pinned entry.
@@ -84,8 +104,8 @@ impl Lua {
         now: Option<u64>,
         id: u64,
     ) -> Result<Vec<Decision>, String> {
-        let mut args: Vec<String> =
-            vec!["EVALSHA".into(), self.sha.clone(), calls.len().to_string()];
+        let mut args = self.head();
+        args.push(calls.len().to_string());
         args.extend(calls.iter().map(|c| c.key.clone()));
         args.extend(scripts::argv(&format!("t{id}"), commit, calls));
         args.extend(now.map(|n| n.to_string()));
@@ -491,14 +511,14 @@ fn wrong_typed_keys_and_bad_arguments_are_errors_that_write_nothing() {
     for (i, bad) in cases {
         let mut args = good.clone();
         args[i] = bad.to_owned();
-        let mut cmd: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), "1".into(), "k".into()];
+        let mut cmd: Vec<String> = [lua.head(), vec!["1".into(), "k".into()]].concat();
         cmd.extend(args);
         cmd.push(T0.to_string());
         let err = lua.raw(&cmd).unwrap_err();
         assert!(err.contains("sluice: "), "ARGV[{}] = {bad}: {err}", i + 1);
         assert_eq!(conn.cmd_ok(&["EXISTS", "k"]).as_int(), 0);
     }
-    let mut cmd: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), "1".into(), "k".into()];
+    let mut cmd: Vec<String> = [lua.head(), vec!["1".into(), "k".into()]].concat();
     cmd.extend(good[..5].iter().cloned());
     cmd.push(T0.to_string());
     assert!(lua.raw(&cmd).unwrap_err().contains("expected"));
@@ -559,19 +579,24 @@ fn redis_now(conn: &mut Conn) -> u64 {
 
 #[test]
 fn retry_after_is_exact_at_the_store_clock() {
-    // Trap 9 with the production entry. The script's `now` for a call lies between TIME read
-    // just before and just after it, which makes every check below certain, not timed.
+    // Trap 9 with the production entries. The script's `now` for a call lies between TIME
+    // read just before and just after it, which makes every check below certain, not timed.
+    // The two production forms (EVALSHA, and the library through FCALL) take turns.
     let redis = RedisServer::start();
     let mut conn = redis.conn();
-    let mut lua = Lua::production(redis.conn());
-    for a in [
+    let mut forms = [Lua::production(redis.conn()), Lua::library(redis.conn())];
+    for (i, a) in [
         Algorithm::TokenBucket,
         Algorithm::Gcra,
         Algorithm::SlidingLog,
         Algorithm::FixedWindow,
         Algorithm::SlidingWindow,
         Algorithm::LeakyBucket,
-    ] {
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let lua = &mut forms[i % 2];
         let p = params(a, 2, S, None);
         let key = format!("retry:{}", a.name());
         let one = limit(&key, p, 1);
@@ -694,7 +719,7 @@ fn a_batch_decides_like_its_requests_one_after_another() {
         // Every other round the keys follow in ARGV, as a batch for one Cluster node sends them.
         let in_argv = round % 2 == 1;
         let declared = if in_argv { 0 } else { keys.len() };
-        let mut args: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone(), declared.to_string()];
+        let mut args: Vec<String> = [lua.head(), vec![declared.to_string()]].concat();
         if !in_argv {
             args.extend(keys.iter().cloned());
         }
@@ -759,7 +784,7 @@ fn a_malformed_request_shape_fails_that_request_alone() {
         ("1:1:0:0,1:2:0:0", &["s:ok2", "s:ok3"], None),
         ("1:1:0", &["s:bad6"], Some("bad request shape")),
     ];
-    let mut args: Vec<String> = vec!["EVALSHA".into(), lua.sha.clone()];
+    let mut args: Vec<String> = lua.head();
     let keys: Vec<&str> = cases.iter().flat_map(|c| c.1.iter().copied()).collect();
     args.push(keys.len().to_string());
     args.extend(keys.iter().map(|k| k.to_string()));
@@ -808,5 +833,73 @@ fn a_malformed_request_shape_fails_that_request_alone() {
                 }
             }
         }
+    }
+}
+
+/// The library keeps its built body from one FCALL to the next, but nothing a call read: two
+/// batches send the same shape (`1:1:0:0`, "the first limit, cost 1") for limits of different
+/// sizes, and each is decided on its own limit. A bad shape in one call is not remembered in
+/// the next either.
+#[test]
+fn a_library_call_reads_its_own_limits_not_the_previous_calls() {
+    let redis = RedisServer::start();
+    let mut lua = Library::on(redis.conn());
+    for (n, key) in [(1, "lib:a"), (5, "lib:b"), (1, "lib:a")] {
+        let p = params(Algorithm::TokenBucket, n, 60 * S, None);
+        let d = lua.batch(&[(key, "1:1:0:0")], p).remove(0).unwrap();
+        assert_eq!(d[0].limit, n, "{key}: {d:?}");
+    }
+    // lib:a had one token, taken by the first call: the third was refused.
+    let p = params(Algorithm::TokenBucket, 1, 60 * S, None);
+    let d = lua.batch(&[("lib:a", "1:1:0:0")], p).remove(0).unwrap();
+    assert_eq!(d[0].code, Code::Limited);
+    let bad = lua.batch(&[("lib:c", "1:1:0")], p).remove(0);
+    assert!(bad.unwrap_err().contains("bad request shape"));
+    let d = lua.batch(&[("lib:c", "1:1:0:0")], p).remove(0).unwrap();
+    assert_eq!(d[0].code, Code::Allowed);
+}
+
+/// The production library on one connection.
+struct Library(Lua);
+
+impl Library {
+    fn on(conn: Conn) -> Library {
+        Library(Lua::library(conn))
+    }
+
+    /// One batch through FCALL: per request its key and shape, all on limit `p`.
+    fn batch(
+        &mut self,
+        requests: &[(&str, &str)],
+        p: Params,
+    ) -> Vec<Result<Vec<Decision>, String>> {
+        let lua = &mut self.0;
+        let mut args = lua.head();
+        args.push(requests.len().to_string());
+        args.extend(requests.iter().map(|r| r.0.to_owned()));
+        args.extend(["batch".into(), requests.len().to_string(), "1".into()]);
+        args.extend([
+            p.script_name().to_owned(),
+            p.limit.to_string(),
+            p.window_us.to_string(),
+            p.capacity.to_string(),
+            p.interval_us.to_string(),
+            p.unit_us.to_string(),
+        ]);
+        for (i, (_, shape)) in requests.iter().enumerate() {
+            args.extend([format!("lib{i}"), shape.to_string()]);
+        }
+        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+        let reply = lua.conn.cmd(&argv).as_array();
+        reply
+            .into_iter()
+            .map(|r| match r {
+                Resp::Bulk(Some(e)) => Err(String::from_utf8_lossy(&e).into_owned()),
+                r => {
+                    let ints: Vec<i64> = r.as_array().iter().map(Resp::as_int).collect();
+                    Ok(scripts::decisions(&ints, 1).unwrap())
+                }
+            })
+            .collect()
     }
 }

@@ -1,5 +1,6 @@
 //! `RedisStore` (fred, pooled, pipelined) against real `redis-server` processes: exact
-//! admission under concurrency from several clients, one EVALSHA per decision, NOSCRIPT,
+//! admission under concurrency from several clients, one script call per decision (FCALL, or
+//! EVALSHA where an ACL refuses functions), a flushed library or script,
 //! no double charge when connections are killed, timeouts and the breaker, Cluster slots.
 mod support;
 
@@ -104,17 +105,17 @@ async fn concurrent_decisions_from_several_clients_admit_exactly_capacity() {
         let admitted = admitted_concurrently(&stores, &c, 500).await;
         assert_eq!(admitted, 10, "round {round}");
         // Trap 1: script calls only, each decision made once. Concurrent decisions share
-        // calls (batches), so there are fewer EVALSHAs than decisions, but the script read
+        // calls (batches), so there are fewer FCALLs than decisions, but the script read
         // the bucket once per decision and wrote once per admission. (commandstats also
         // counts the commands a script runs; GET/SET and friends are not its commands, so
         // they must stay at 0.)
-        let calls = stat(&mut conn, "evalsha");
+        let calls = stat(&mut conn, "fcall");
         assert!(
             (1..500).contains(&calls),
-            "{calls} EVALSHAs for 500 decisions"
+            "{calls} FCALLs for 500 decisions"
         );
         assert_eq!(stat(&mut conn, "time"), calls, "one clock read per call");
-        assert_eq!(stat(&mut conn, "eval"), 0);
+        assert_eq!(stat(&mut conn, "evalsha") + stat(&mut conn, "eval"), 0);
         assert_eq!(stat(&mut conn, "hmget"), 500);
         assert_eq!(stat(&mut conn, "hset"), 10);
         for stray in ["get", "set", "hget", "incr", "zadd", "multi", "watch"] {
@@ -124,7 +125,7 @@ async fn concurrent_decisions_from_several_clients_admit_exactly_capacity() {
 }
 
 #[tokio::test]
-async fn after_script_flush_the_next_decision_succeeds_and_is_charged_once() {
+async fn after_a_flush_the_next_decision_succeeds_and_is_charged_once() {
     let redis = RedisServer::start();
     let store = standalone(&redis, 2000).await;
     let mut conn = redis.conn();
@@ -134,13 +135,20 @@ async fn after_script_flush_the_next_decision_succeeds_and_is_charged_once() {
         100,
         3600 * S,
     );
+    conn.cmd_ok(&["CONFIG", "RESETSTAT"]);
     for i in 1..=4u64 {
+        // The library gone (FUNCTION FLUSH), and the script cache with it for good measure.
+        conn.cmd_ok(&["FUNCTION", "FLUSH"]);
         conn.cmd_ok(&["SCRIPT", "FLUSH"]);
         let d = store.decide(std::slice::from_ref(&c)).await.unwrap()[0];
         assert_eq!((d.code, d.remaining), (Code::Allowed, 100 - i));
         assert_eq!(conn.cmd_ok(&["ZCARD", &c.key]).as_int() as u64, i);
     }
-    // After a restart too (the script cache is gone with the process).
+    // Each flush cost one FUNCTION LOAD, and no call went by EVAL: the missing function was
+    // loaded again, not given up on.
+    assert_eq!(stat(&mut conn, "function|load"), 4);
+    assert_eq!(stat(&mut conn, "evalsha") + stat(&mut conn, "eval"), 0);
+    // After a restart too (no persistence: the library is gone with the process).
     let mut redis = redis;
     redis.restart();
     let ok = first_decision(&store, &c, Duration::from_secs(5))
@@ -148,6 +156,48 @@ async fn after_script_flush_the_next_decision_succeeds_and_is_charged_once() {
         .is_some();
     assert!(ok, "no decision within 5 s of the restart");
     assert_eq!(redis.conn().cmd_ok(&["ZCARD", &c.key]).as_int(), 1);
+}
+
+/// An ACL user Redis will not let load or call functions still gets exact decisions: the
+/// store falls back to EVALSHA of the script, whether FUNCTION LOAD is refused at startup or
+/// FCALL at the first call, and never charges a call twice on the way.
+#[tokio::test]
+async fn without_function_permissions_decisions_go_by_evalsha_and_stay_exact() {
+    let redis = RedisServer::start();
+    let mut conn = redis.conn();
+    // `noload` may call functions but not load them; `nocall` may load them but not call.
+    conn.cmd_ok(&[
+        "ACL",
+        "SETUSER",
+        "noload",
+        "on",
+        ">pw",
+        "~*",
+        "+@all",
+        "-function",
+    ]);
+    conn.cmd_ok(&[
+        "ACL", "SETUSER", "nocall", "on", ">pw", "~*", "+@all", "-fcall",
+    ]);
+    for user in ["noload", "nocall"] {
+        let url = format!("redis://{user}:pw@127.0.0.1:{}", redis.port);
+        let s = settings(RedisMode::Standalone, Some(url), vec![]);
+        let store = Arc::new(RedisStore::connect(&s, None).unwrap());
+        store.wait_connected(Duration::from_secs(5)).await.unwrap();
+        conn.cmd_ok(&["CONFIG", "RESETSTAT"]);
+        let key = format!("sluice:r:l:token_bucket:{{{user}}}");
+        let c = call(&key, Algorithm::TokenBucket, 10, 7 * 86_400 * S);
+        let admitted = admitted_concurrently(std::slice::from_ref(&store), &c, 50).await;
+        assert_eq!(admitted, 10, "{user}");
+        let by_evalsha = stat(&mut conn, "evalsha");
+        assert!(by_evalsha >= 1, "{user}: no EVALSHA");
+        // One clock read per script that ran: each decision ran once, none by FCALL.
+        assert_eq!(stat(&mut conn, "fcall"), 0, "{user}");
+        assert_eq!(
+            stat(&mut conn, "time"),
+            by_evalsha + stat(&mut conn, "eval")
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,9 +365,10 @@ async fn cluster_decides_across_slots_without_charging_refused_requests() {
     );
     let admitted = admitted_concurrently(std::slice::from_ref(&store), &c, 300).await;
     assert_eq!(admitted, 10);
-    // NOSCRIPT on the node that owns the key: the next call reloads and is charged once.
+    // The library flushed on the node that owns the key: the next call loads it there and is
+    // charged once.
     cluster.for_each_node(|conn| {
-        conn.cmd_ok(&["SCRIPT", "FLUSH"]);
+        conn.cmd_ok(&["FUNCTION", "FLUSH"]);
     });
     let d = store
         .decide(std::slice::from_ref(&per_route))
@@ -326,10 +377,12 @@ async fn cluster_decides_across_slots_without_charging_refused_requests() {
     assert_eq!((d.code, d.remaining), (Code::Allowed, 96));
 }
 
-/// Script calls (EVALSHA and EVAL) every node of the cluster has served.
+/// Script calls (FCALL, EVALSHA and EVAL) every node of the cluster has served.
 fn cluster_calls(cluster: &RedisCluster) -> u64 {
     let mut calls = 0;
-    cluster.for_each_node(|conn| calls += stat(conn, "evalsha") + stat(conn, "eval"));
+    cluster.for_each_node(|conn| {
+        calls += stat(conn, "fcall") + stat(conn, "evalsha") + stat(conn, "eval")
+    });
     calls
 }
 
@@ -510,8 +563,8 @@ async fn sentinel_failover_keeps_deciding_and_charges_once() {
         addr.as_array()[1].as_str() == replica.port.to_string()
     });
     assert!(promoted, "no failover:\n{}", sentinel.log());
-    // The client follows the new primary (whose script cache is empty: NOSCRIPT, then EVAL),
-    // and the first decision that succeeds there is charged exactly once.
+    // The client follows the new primary (which has the library: functions replicate), and
+    // the first decision that succeeds there is charged exactly once.
     let d = first_decision(&store, &c, Duration::from_secs(10))
         .await
         .expect("no decision within 10 s of the promotion");

@@ -1,4 +1,5 @@
-//! The Redis store: every request's limits in one EVALSHA of the script in `lua/`, decided
+//! The Redis store: every request's limits in one call of the script in `lua/` (FCALL of a
+//! library of Redis Functions, or EVALSHA where Redis refuses those: see [`scripts`]), decided
 //! atomically at Redis's own clock, through a pooled, pipelining fred client. On standalone
 //! and Sentinel, requests that arrive while a call is in flight share the next call
 //! ([`batch`]): Redis pays its per-call cost once per batch.
@@ -9,8 +10,10 @@
 //!   twice);
 //! - every call is bounded by `timeout` (fred's per-command option, and ours around the
 //!   whole decision: both Cluster rounds and a NOSCRIPT retry);
-//! - after `SCRIPT FLUSH`, a restart or a failover the reply is NOSCRIPT, meaning nothing ran:
-//!   the same call is sent once more as EVAL (which also caches the script again);
+//! - after `FUNCTION FLUSH` or a restart without persistence, FCALL answers that the function
+//!   does not exist, and after `SCRIPT FLUSH`, a restart or a failover EVALSHA answers
+//!   NOSCRIPT: nothing ran, so the library is loaded again and the same call sent once more
+//!   (as EVAL for a script, which also caches it again);
 //! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second.
 //!
 //! On Redis Cluster a call is routed by its declared keys, which must share one slot. Each
@@ -50,6 +53,13 @@ pub struct RedisStore {
     opts: Options,
     timeout: Duration,
     cluster: bool,
+    /// The library calls name (FCALL), loaded on every primary at startup and wherever a call
+    /// finds it missing.
+    library: scripts::Library,
+    /// Whether calls go through the library: cleared for good when Redis refuses FUNCTION LOAD
+    /// or FCALL (an ACL granting EVALSHA alone); calls are then EVALSHAs of the script.
+    functions: AtomicBool,
+    /// SHA-1 of the script, for EVALSHA.
     sha: String,
     breaker: Breaker,
     /// Per-process random prefix of call nonces (+ the call id): unique sliding_log members
@@ -172,6 +182,22 @@ fn is_noscript(e: &Error) -> bool {
     e.details().starts_with("NOSCRIPT")
 }
 
+/// FCALL of a function Redis does not have (a flush, or a restart without persistence).
+fn is_no_function(e: &Error) -> bool {
+    e.details().starts_with("ERR Function not found")
+}
+
+/// Redis will not run functions for this client: an ACL without FUNCTION LOAD or FCALL, or a
+/// server without them. Nothing ran.
+fn functions_refused(e: &Error) -> bool {
+    let d = e.details();
+    // Not a key the ACL denies ("NOPERM … access one of the keys"): that reply may come from
+    // inside the script, after it wrote.
+    (d.starts_with("NOPERM") && d.contains("command"))
+        || d.contains("unknown command")
+        || d.contains("unknown subcommand")
+}
+
 impl RedisStore {
     /// Create the pool and start connecting in the background; never waits for Redis (a
     /// gateway whose Redis is down still starts, and serves per `on_error`).
@@ -215,6 +241,8 @@ impl RedisStore {
             },
             timeout: s.timeout,
             cluster: s.mode == RedisMode::Cluster,
+            library: scripts::Library::new(),
+            functions: AtomicBool::new(true),
             sha: scripts::sha1_hex(scripts::SCRIPT),
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
@@ -223,28 +251,46 @@ impl RedisStore {
         })
     }
 
-    /// Wait (up to `within`) until every pooled connection is up and the script is loaded:
-    /// startup waits for this before opening the data listener, and so does
-    /// `sluice check --connect`.
+    /// Wait (up to `within`) until every pooled connection is up and the library (or, where
+    /// Redis refuses functions, the script) is loaded: startup waits for this before opening
+    /// the data listener, and so does `sluice check --connect`.
     pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
         match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
-            Ok(Ok(())) => {
-                // Load the script up front (on every primary of a cluster), so the first
-                // requests need not each discover NOSCRIPT.
-                let load = self
-                    .pool
-                    .next()
-                    .script_load_cluster::<String, _>(scripts::SCRIPT);
-                match tokio::time::timeout(within, load).await {
-                    Ok(Ok(_)) => self.ping().await,
-                    Ok(Err(e)) => Err(store_error(&e)),
-                    Err(_) => Err(StoreError::Timeout),
-                }
-            }
+            Ok(Ok(())) => match tokio::time::timeout(within, self.load_up_front()).await {
+                Ok(Ok(())) => self.ping().await,
+                Ok(Err(e)) => Err(store_error(&e)),
+                Err(_) => Err(StoreError::Timeout),
+            },
             Ok(Err(e)) => Err(store_error(&e)),
             Err(_) => Err(StoreError::Connection(format!(
                 "no connection within {within:?}"
             ))),
+        }
+    }
+
+    /// Load the library (on every primary of a cluster), so the first requests need not each
+    /// find it missing; where Redis refuses functions, the script for EVALSHA instead.
+    async fn load_up_front(&self) -> Result<(), Error> {
+        let client = self.pool.next();
+        if self.functions.load(Ordering::Acquire) {
+            match client
+                .function_load_cluster::<String, _>(true, self.library.code.as_str())
+                .await
+            {
+                Err(e) if functions_refused(&e) => self.without_functions(&e),
+                other => return other.map(drop),
+            }
+        }
+        client
+            .script_load_cluster::<String, _>(scripts::SCRIPT)
+            .await
+            .map(drop)
+    }
+
+    /// From now on, call the script with EVALSHA: Redis refused functions (`e`).
+    fn without_functions(&self, e: &Error) {
+        if self.functions.swap(false, Ordering::AcqRel) {
+            tracing::warn!(error = %e, "redis refuses FUNCTION LOAD or FCALL: deciding with EVALSHA of the script instead (grant them for less Redis CPU per decision)");
         }
     }
 
@@ -305,8 +351,10 @@ impl RedisStore {
 
     /// One call of the script: `args` are its KEYS (the first `declared` of them) and its
     /// ARGV. Sent with `custom`, routed by `slot` on Cluster, so that `client`'s per-command
-    /// options (timeout, `fail_fast`) apply: fred 10.1's `evalsha` does not take them from
-    /// `WithOptions`. NOSCRIPT means it did not run: it is sent once more as EVAL, which also
+    /// options (timeout, `fail_fast`) apply: fred 10.1's `fcall` and `evalsha` do not take
+    /// them from `WithOptions`. An FCALL of a missing function did not run: the library is
+    /// loaded on that node and the call sent once more. So is an FCALL Redis refuses, as an
+    /// EVALSHA. NOSCRIPT did not run either: the call is sent once more as EVAL, which also
     /// caches the script again.
     async fn script<R: FromValue>(
         &self,
@@ -315,12 +363,32 @@ impl RedisStore {
         declared: usize,
         args: impl Fn() -> Vec<String>,
     ) -> Result<R, StoreError> {
+        let on_slot =
+            |cmd: &'static str| CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
         let call = |cmd: &'static str, first: &str| {
             let mut all = vec![first.to_owned(), declared.to_string()];
             all.extend(args());
-            let cmd = CustomCommand::new_static(cmd, ClusterHash::Custom(slot), false);
-            client.custom::<R, _>(cmd, all)
+            client.custom::<R, _>(on_slot(cmd), all)
         };
+        if self.functions.load(Ordering::Acquire) {
+            let fcall = || call("FCALL", &self.library.name);
+            let refused = match fcall().await {
+                Err(e) if is_no_function(&e) => {
+                    let load = ["LOAD", "REPLACE", self.library.code.as_str()];
+                    match client
+                        .custom::<String, _>(on_slot("FUNCTION"), load.to_vec())
+                        .await
+                    {
+                        Ok(_) => return fcall().await.map_err(|e| store_error(&e)),
+                        Err(e) if functions_refused(&e) => e,
+                        Err(e) => return Err(store_error(&e)),
+                    }
+                }
+                Err(e) if functions_refused(&e) => e,
+                other => return other.map_err(|e| store_error(&e)),
+            };
+            self.without_functions(&refused);
+        }
         match call("EVALSHA", &self.sha).await {
             Err(e) if is_noscript(&e) => call("EVAL", scripts::SCRIPT).await,
             other => other,

@@ -1,12 +1,23 @@
 //! The limiter script sent to Redis, assembled at compile time from `lua/`: one file per
 //! algorithm (each the twin of its module in [`crate::limiter::algo`]), the all-or-nothing driver,
-//! and the entry point that reads the store's clock. One script means one SHA, and one
-//! EVALSHA per request (or per batch of requests), whatever its limits.
+//! and an entry point that reads the store's clock. One script means one name, and one call per
+//! request (or per batch of requests), whatever its limits.
+//!
+//! It reaches Redis in two forms with the same body:
+//! - a library of Redis Functions ([`Library`], called with FCALL): loaded once, so that a call
+//!   only decides. An EVAL script defines the body's forty-odd functions again at every call,
+//!   about a quarter of Redis's work for a lone request;
+//! - a script for EVALSHA ([`SCRIPT`]), where Redis refuses `FUNCTION LOAD` or `FCALL` (an ACL
+//!   that grants EVALSHA alone).
 
-/// Helpers, the algorithms and `decide(now, extra_args)` (one request, or a batch), in order.
+/// Helpers, the algorithms and `decide`, in order, inside `sluice()`, which builds them and
+/// returns the production entry (`decide_now(keys, argv)`) and the dispatcher the tests pin
+/// the clock with (`decide(now, extra_args, keys, argv)`). A function, not a chunk: a library
+/// builds it at its first call, as loading may not read Lua's globals.
 macro_rules! sluice_lua_body {
     () => {
         concat!(
+            "local function sluice()\n",
             include_str!("../../../lua/lib.lua"),
             include_str!("../../../lua/fixed_window.lua"),
             include_str!("../../../lua/sliding_log.lua"),
@@ -16,24 +27,55 @@ macro_rules! sluice_lua_body {
             include_str!("../../../lua/gcra.lua"),
             include_str!("../../../lua/concurrency.lua"),
             include_str!("../../../lua/decide.lua"),
+            "return decide_now, decide\nend\n",
         )
     };
 }
 
-/// Everything but the entry point. Tests append their own entry (a pinned clock) to compare
-/// each script with its Rust twin; production only ever runs [`SCRIPT`].
+/// Everything but an entry point. Tests append their own entry (a pinned clock) to compare
+/// each script with its Rust twin; production only ever runs [`SCRIPT`] or the [`Library`].
 pub const BODY: &str = sluice_lua_body!();
 
-/// The production script; the entry point decides at `TIME`, the store's clock. Its flag
+/// The EVALSHA form; the entry point decides at `TIME`, the store's clock. Its flag
 /// lets a batch on Redis Cluster touch keys of several slots of the node it runs on (the keys
 /// then follow in ARGV: Redis routes and checks declared KEYS as one slot's). Redis itself
 /// refuses a key of another node, and the script raises that error before charging the
-/// request (see `lua/decide.lua`). The flag changes nothing on standalone Redis.
+/// request (see `lua/decide.lua`). The flag changes nothing on standalone Redis. The library
+/// registers its function with the same flag.
 pub const SCRIPT: &str = concat!(
     "#!lua flags=allow-cross-slot-keys\n",
     sluice_lua_body!(),
     include_str!("../../../lua/main.lua")
 );
+
+/// What follows a library's header: the body and the registration of its one function.
+const LIBRARY_BODY: &str = concat!(
+    sluice_lua_body!(),
+    include_str!("../../../lua/function.lua")
+);
+
+/// The FCALL form: a library of Redis Functions holding one function of the same name.
+pub struct Library {
+    /// `sluice_` and the SHA-1 of the body: a gateway of another version brings a library of
+    /// another name, so both are served side by side during a rolling upgrade.
+    pub name: String,
+    /// What `FUNCTION LOAD` takes.
+    pub code: String,
+}
+
+impl Library {
+    pub fn new() -> Library {
+        let name = format!("sluice_{}", sha1_hex(LIBRARY_BODY));
+        let code = format!("#!lua name={name}\nlocal FUNCTION_NAME = '{name}'\n{LIBRARY_BODY}");
+        Library { name, code }
+    }
+}
+
+impl Default for Library {
+    fn default() -> Self {
+        Library::new()
+    }
+}
 
 /// SHA-1 of [`SCRIPT`], hex: what EVALSHA names.
 pub fn sha1_hex(script: &str) -> String {
@@ -198,6 +240,23 @@ mod tests {
             );
         }
         assert_eq!(sha1_hex(SCRIPT).len(), 40);
+    }
+
+    #[test]
+    fn the_library_is_named_by_its_body_and_registers_one_function_of_that_name() {
+        let lib = Library::new();
+        let hex = lib.name.strip_prefix("sluice_").unwrap();
+        assert!(hex.len() == 40 && hex.bytes().all(|b| b.is_ascii_hexdigit()));
+        // Redis reads the library's name only from the first line.
+        let first = lib.code.lines().next().unwrap();
+        assert_eq!(first, format!("#!lua name={}", lib.name));
+        assert!(lib
+            .code
+            .contains(&format!("local FUNCTION_NAME = '{}'", lib.name)));
+        assert!(lib.code.contains("flags = {'allow-cross-slot-keys'}"));
+        assert!(lib
+            .code
+            .ends_with(include_str!("../../../lua/function.lua")));
     }
 
     #[test]
