@@ -320,8 +320,7 @@ impl RedisStore {
         format!("{}{id:x}", self.nonce_prefix)
     }
 
-    /// One script call (keys all in one slot). NOSCRIPT means it did not run: send it once
-    /// more with the script itself.
+    /// One request's script call (keys all in one slot), through [`RedisStore::script`].
     async fn eval(
         &self,
         calls: &[LimitCall],
