@@ -843,7 +843,7 @@ fn a_malformed_request_shape_fails_that_request_alone() {
 #[test]
 fn a_library_call_reads_its_own_limits_not_the_previous_calls() {
     let redis = RedisServer::start();
-    let mut lua = Library::on(redis.conn());
+    let mut lua = Fcall::on(redis.conn());
     for (n, key) in [(1, "lib:a"), (5, "lib:b"), (1, "lib:a")] {
         let p = params(Algorithm::TokenBucket, n, 60 * S, None);
         let d = lua.batch(&[(key, "1:1:0:0")], p).remove(0).unwrap();
@@ -859,12 +859,13 @@ fn a_library_call_reads_its_own_limits_not_the_previous_calls() {
     assert_eq!(d[0].code, Code::Allowed);
 }
 
-/// The production library on one connection.
-struct Library(Lua);
+/// The production library on one connection, called with FCALL (not `scripts::Library`,
+/// which is its name and code).
+struct Fcall(Lua);
 
-impl Library {
-    fn on(conn: Conn) -> Library {
-        Library(Lua::library(conn))
+impl Fcall {
+    fn on(conn: Conn) -> Fcall {
+        Fcall(Lua::library(conn))
     }
 
     /// One batch through FCALL: per request its key and shape, all on limit `p`.
