@@ -19,8 +19,8 @@ local PER_KEY = 9
 local PER_SPEC = 6
 
 -- ARGV repeats the same few values (limits' numbers, costs, flags): each distinct string is
--- parsed once per call.
-local INTS = {}
+-- parsed once per call (decide() makes the table new for each call).
+local INTS
 
 -- `s` (found at ARGV[j]) as an integer in lo..hi; raises (error table) otherwise.
 local function num(s, j, lo, hi, what)
@@ -144,7 +144,7 @@ end
 -- {n = its key count, calls...}. A shape that is not valid is {n, bad = its error} (read
 -- again where it recurs, so that the error names the right ARGV); its key count is still
 -- known, so the requests after it are found.
-local SHAPES = {}
+local SHAPES
 
 -- One key's part of the shape at ARGV[j] as its call; raises on bad input.
 local function shape_call(part, j, specs)

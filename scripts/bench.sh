@@ -82,17 +82,13 @@ if command -v redis-server >/dev/null; then
   calls=$(redis-cli -p "$RP" INFO commandstats | awk -F'[=,:]' '/^cmdstat_(fcall|evalsha|eval):/ {n += $3} END {print n + 0}')
   awk -v c="$calls" -v a="$t0" -v b="$t1" 'BEGIN{printf "%-34s %12.0f script calls/s over both redis runs (%d calls)\n", "redis decisions", c/(b-a), c}'
 
-  # Reference: nginx (one worker) + lua-nginx-module making the same decision, one EVALSHA of
-  # sluice's own script per request over a keep-alive cosocket (Debian: libnginx-mod-http-lua).
+  # Reference: nginx (one worker) + lua-nginx-module making the same decision, one FCALL of
+  # the library sluice loaded per request over a keep-alive cosocket (Debian:
+  # libnginx-mod-http-lua).
   LUAMOD=/usr/lib/nginx/modules/ngx_http_lua_module.so
   if command -v nginx >/dev/null && [ -f "$LUAMOD" ]; then
-    # The production script's EVAL form, as src/limiter/store/scripts.rs assembles it.
-    { echo '#!lua'; echo 'local function sluice()'
-      cat lua/lib.lua lua/fixed_window.lua lua/sliding_log.lua lua/sliding_window.lua \
-        lua/token_bucket.lua lua/leaky_bucket.lua lua/gcra.lua lua/concurrency.lua lua/decide.lua
-      printf 'return decide_now, decide\nend\n'; cat lua/main.lua; } > "$tmp/script.lua"
-    sha=$(redis-cli -p "$RP" -x SCRIPT LOAD < "$tmp/script.lua")
-    if [[ $sha =~ ^[0-9a-f]{40}$ ]]; then
+    lib=$(redis-cli -p "$RP" FUNCTION LIST LIBRARYNAME 'sluice_*' | awk 'p == "library_name" {print; exit} {p = $0}')
+    if [[ $lib =~ ^sluice_[0-9a-f]{40}$ ]]; then
       NL=$(free_port)
       { printf 'load_module /usr/lib/nginx/modules/ndk_http_module.so;\nload_module %s;\n' "$LUAMOD"
         nginx_head 1 | sed "s|$tmp/nginx|$tmp/nginx-lua|g"
@@ -101,7 +97,7 @@ if command -v redis-server >/dev/null; then
     listen 127.0.0.1:$NL;
     location / {
       access_by_lua_block {
-        local args = { "EVALSHA", "$sha", "1", "nginx:allow:per-ip:{" .. ngx.var.remote_addr .. "}",
+        local args = { "FCALL", "$lib", "1", "nginx:allow:per-ip:{" .. ngx.var.remote_addr .. "}",
           "n" .. ngx.var.connection .. ":" .. ngx.var.connection_requests, "1", "token_bucket",
           "10000000", "1000000", "10000000", "1", "1", "1", "0", "0" }
         local req = { "*", #args, "\\r\\n" }
@@ -134,7 +130,7 @@ NGINX
         echo "nginx+lua reference did not answer 200; see $tmp/nginx-lua-error.log" >&2
       fi
     else
-      echo "nginx+lua reference skipped: SCRIPT LOAD answered: $sha" >&2
+      echo "nginx+lua reference skipped: no sluice library in FUNCTION LIST (got '$lib')" >&2
     fi
   fi
 fi

@@ -84,6 +84,26 @@ impl Lua {
         self.target.to_vec()
     }
 
+    /// A batch on the one limit `p`, written out by hand so that its shapes may be malformed:
+    /// per request its shape and its keys (nonces `n0`, `n1`, …); `now` appended for the
+    /// pinned entry.
+    fn raw_batch(&self, p: &Params, requests: &[(&str, &[&str])], now: Option<u64>) -> Vec<String> {
+        let keys: Vec<&str> = requests.iter().flat_map(|r| r.1.iter().copied()).collect();
+        let mut args = self.head();
+        args.push(keys.len().to_string());
+        args.extend(keys.iter().map(|k| k.to_string()));
+        args.extend(["batch".into(), requests.len().to_string(), "1".into()]);
+        args.push(p.script_name().to_owned());
+        args.extend(
+            [p.limit, p.window_us, p.capacity, p.interval_us, p.unit_us].map(|v| v.to_string()),
+        );
+        for (i, (shape, _)) in requests.iter().enumerate() {
+            args.extend([format!("n{i}"), shape.to_string()]);
+        }
+        args.extend(now.map(|n| n.to_string()));
+        args
+    }
+
     /// One call; `now` is appended only for the pinned entry.
     fn call(
         &mut self,
@@ -762,14 +782,6 @@ fn a_malformed_request_shape_fails_that_request_alone() {
     let mut lua = Lua::pinned(redis.conn());
     let mut conn = redis.conn();
     let p = params(Algorithm::TokenBucket, 5, 60 * S, None);
-    let spec = [
-        "token_bucket".to_owned(),
-        p.limit.to_string(),
-        p.window_us.to_string(),
-        p.capacity.to_string(),
-        p.interval_us.to_string(),
-        p.unit_us.to_string(),
-    ];
     // (shape, its keys, what the request must answer: 5 integers per key, or an error)
     let cases: [(&str, &[&str], Option<&str>); 7] = [
         ("1:1:0:0", &["s:ok1"], None),
@@ -784,18 +796,10 @@ fn a_malformed_request_shape_fails_that_request_alone() {
         ("1:1:0:0,1:2:0:0", &["s:ok2", "s:ok3"], None),
         ("1:1:0", &["s:bad6"], Some("bad request shape")),
     ];
-    let mut args: Vec<String> = lua.head();
-    let keys: Vec<&str> = cases.iter().flat_map(|c| c.1.iter().copied()).collect();
-    args.push(keys.len().to_string());
-    args.extend(keys.iter().map(|k| k.to_string()));
-    args.extend(["batch".into(), cases.len().to_string(), "1".into()]);
-    args.extend(spec);
-    // ARGV index of the first request's nonce (ARGV follows EVALSHA, its SHA, the count, KEYS).
-    let first = args.len() - 3 - keys.len() + 1;
-    for (i, (shape, _, _)) in cases.iter().enumerate() {
-        args.extend([format!("n{i}"), shape.to_string()]);
-    }
-    args.push(T0.to_string());
+    let requests: Vec<(&str, &[&str])> = cases.iter().map(|c| (c.0, c.1)).collect();
+    let args = lua.raw_batch(&p, &requests, Some(T0));
+    // ARGV index of the first request's nonce: after `batch`, the counts and one limit's six.
+    let first = 3 + 6 + 1;
     // Cut short (the last shape missing, or the last two arguments): the whole call is
     // refused before anything is written.
     for cut in [2, 3] {
@@ -875,21 +879,13 @@ impl Fcall {
         p: Params,
     ) -> Vec<Result<Vec<Decision>, String>> {
         let lua = &mut self.0;
-        let mut args = lua.head();
-        args.push(requests.len().to_string());
-        args.extend(requests.iter().map(|r| r.0.to_owned()));
-        args.extend(["batch".into(), requests.len().to_string(), "1".into()]);
-        args.extend([
-            p.script_name().to_owned(),
-            p.limit.to_string(),
-            p.window_us.to_string(),
-            p.capacity.to_string(),
-            p.interval_us.to_string(),
-            p.unit_us.to_string(),
-        ]);
-        for (i, (_, shape)) in requests.iter().enumerate() {
-            args.extend([format!("lib{i}"), shape.to_string()]);
-        }
+        let one_key: Vec<[&str; 1]> = requests.iter().map(|r| [r.0]).collect();
+        let requests: Vec<(&str, &[&str])> = requests
+            .iter()
+            .zip(&one_key)
+            .map(|(r, k)| (r.1, &k[..]))
+            .collect();
+        let args = lua.raw_batch(&p, &requests, None);
         let argv: Vec<&str> = args.iter().map(String::as_str).collect();
         let reply = lua.conn.cmd(&argv).as_array();
         reply
