@@ -1,7 +1,7 @@
 //! The gateway's side of a batched Redis decision: encoding a batch's ARGV
 //! (`scripts::batch_argv`: each distinct limit once, then each request's nonce and shape) and
-//! decoding its reply (`scripts::batch_decisions`: per request, 5 integers per key or its own
-//! error).
+//! decoding its reply (`scripts::batch_decisions`: one flat array, per request 5 integers per
+//! key or its own error), from the values the Redis client read.
 //! Batches of 1, 16 and 64 requests (the most one call carries), one token-bucket limit each,
 //! as on the peer rig's Redis route.
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -52,18 +52,16 @@ fn decode(c: &mut Criterion) {
     let mut g = c.benchmark_group("scripts::batch_decisions");
     for n in [1, 16, 64] {
         let reply: Vec<Value> = (0..n)
-            .map(|i| {
-                Value::Array(
-                    [0, 10_000_000, 9_999_999 - i as i64, 0, 100]
-                        .into_iter()
-                        .map(Value::Integer)
-                        .collect(),
-                )
-            })
+            .flat_map(|i| [0, 10_000_000, 9_999_999 - i as i64, 0, 100].map(Value::Integer))
             .collect();
         let sizes = vec![1; n];
         g.bench_with_input(BenchmarkId::from_parameter(n), &n, |b, _| {
-            b.iter(|| black_box(scripts::batch_decisions(black_box(reply.clone()), &sizes)))
+            b.iter(|| {
+                let items = black_box(reply.clone())
+                    .into_iter()
+                    .map(scripts::Item::from);
+                black_box(scripts::batch_decisions(items, &sizes))
+            })
         });
     }
     g.finish();

@@ -18,16 +18,25 @@ local PER_KEY = 9
 -- 9 per key of a single request are the two in a row; a batch sends each distinct limit once.
 local PER_SPEC = 6
 
--- ARGV repeats the same few values (limits' numbers, costs, flags): each distinct string is
--- parsed once per call (decide() makes the table new for each call).
-local INTS
+-- Parses kept from one call to the next: a library of Redis Functions keeps its closures, and
+-- so these tables (an EVAL script starts afresh each call). Each holds at most `cap` entries
+-- and starts over when full, so memory stays bounded whatever the arguments.
+local function cache(cap) return {t = {}, n = 0, cap = cap} end
+local function remember(c, k, v)
+  if c.n >= c.cap then c.t, c.n = {}, 0 end
+  c.t[k], c.n = v, c.n + 1
+end
+
+-- ARGV repeats the same few values (limits' numbers, costs, flags), call after call: each
+-- distinct string is parsed once.
+local INTS = cache(256)
 
 -- `s` (found at ARGV[j]) as an integer in lo..hi; raises (error table) otherwise.
 local function num(s, j, lo, hi, what)
-  local v = INTS[s]
+  local v = INTS.t[s]
   if v == nil then
     v = digits(s)
-    if v ~= nil then INTS[s] = v end
+    if v ~= nil then remember(INTS, s, v) end
   end
   if v == nil or v < lo or v > hi then
     error({err = 'sluice: bad ' .. what .. ' in ARGV[' .. j .. ']'})
@@ -90,14 +99,14 @@ local function one(now, key, i, p, write, nonce)
   return 0, limit, remaining, retry, reset
 end
 
--- Every call of one request (its keys keys[k0 + 1 ..]), into `out` (5 integers per key);
--- whether all non-shadow limits admitted it.
-local function run(now, keys, k0, calls, nonce, write, out)
+-- Every call of one request (its keys keys[k0 + 1 ..]), into out[o0 + 1 ..] (5 integers per
+-- key); whether all non-shadow limits admitted it.
+local function run(now, keys, k0, calls, nonce, write, out, o0)
   local pass = true
   for i = 1, #calls do
     local p = calls[i]
     local code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
-    local o = 5 * (i - 1)
+    local o = o0 + 5 * (i - 1)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
       code, limit, remaining, retry, reset
     if code ~= 0 and not p.shadow then pass = false end
@@ -105,21 +114,18 @@ local function run(now, keys, k0, calls, nonce, write, out)
   return pass
 end
 
--- One request, its calls checked already: keys keys[k0 + 1 ..]. Returns its 5 integers per
--- key. Every key is touched before any is charged (several: by the dry run; one: by its
--- first access), so a key this node cannot serve (Redis Cluster, a slot that moved) raises
--- before the request has charged anything.
-local function request(now, keys, k0, calls, nonce, commit)
-  -- Sized for one key up front: growing a table five times costs more than the decision.
-  local out = {0, 0, 0, 0, 0}
+-- One request, its calls checked already: keys keys[k0 + 1 ..], its 5 integers per key into
+-- out[o + 1 ..]. Every key is touched before any is charged (several: by the dry run; one:
+-- by its first access), so a key this node cannot serve (Redis Cluster, a slot that moved)
+-- raises before the request has charged anything.
+local function request(now, keys, k0, calls, nonce, commit, out, o)
   if commit and #calls == 1 then
     -- Alone, committing directly is all-or-nothing already: a refusal writes nothing.
-    run(now, keys, k0, calls, nonce, true, out)
-  elseif run(now, keys, k0, calls, nonce, false, out) and commit then
+    run(now, keys, k0, calls, nonce, true, out, o)
+  elseif run(now, keys, k0, calls, nonce, false, out, o) and commit then
     -- Deterministic: the same reads at the same `now` give the same decisions.
-    run(now, keys, k0, calls, nonce, true, out)
+    run(now, keys, k0, calls, nonce, true, out, o)
   end
-  return out
 end
 
 -- A single request: KEYS and ARGV as described at the top.
@@ -135,15 +141,21 @@ local function decide_all(now, extra_args)
     local j = b + 1 + PER_SPEC
     calls[i] = call_of(spec_at(b + 1, now), j, 1, ARGV[j], ARGV[j + 1], ARGV[j + 2])
   end
-  return request(now, KEYS, 0, calls, ARGV[1], commit)
+  -- Sized for one key up front: growing a table five times costs more than the decision.
+  local out = {0, 0, 0, 0, 0}
+  request(now, KEYS, 0, calls, ARGV[1], commit, out, 0)
+  return out
 end
 
 -- A request's shape in a batch: per key, its limit's index in `specs` (from 1), cost, shadow
 -- flag and op, as `index:cost:shadow:op`, the keys' joined by `,` (one limit: `1:1:0:0`).
--- Requests of one route mostly share a shape, so each valid one is read once per call:
--- {n = its key count, calls...}. A shape that is not valid is {n, bad = its error} (read
--- again where it recurs, so that the error names the right ARGV); its key count is still
--- known, so the requests after it are found.
+-- Requests of one route mostly share a shape, call after call, so each valid one is read once:
+-- {n = its key count, calls...}, kept per set of limits (a call's limits' values, joined) in
+-- SHAPE_SETS, as its calls carry their limits' values. A shape that is not valid is {n, bad =
+-- its error} (read again where it recurs, so that the error names the right ARGV); its key
+-- count is still known, so the requests after it are found.
+local SHAPE_SETS = cache(64)
+-- This call's: kept from earlier calls with the same limits, or its own when one is bad.
 local SHAPES
 
 -- One key's part of the shape at ARGV[j] as its call; raises on bad input.
@@ -157,7 +169,7 @@ end
 
 local function shape_at(j, specs)
   local s = ARGV[j]
-  local shape = SHAPES[s]
+  local shape = SHAPES.t[s]
   if shape ~= nil then return shape end
   shape = {n = 0}
   for part in string.gmatch(s .. ',', '([^,]*),') do
@@ -165,7 +177,7 @@ local function shape_at(j, specs)
     local ok, call = pcall(shape_call, part, j, specs)
     if ok then shape[shape.n] = call elseif shape.bad == nil then shape.bad = call end
   end
-  if shape.bad == nil then SHAPES[s] = shape end
+  if shape.bad == nil then remember(SHAPES, s, shape) end
   return shape
 end
 
@@ -176,9 +188,10 @@ end
 -- follow in ARGV instead: Redis Cluster routes a call by its declared keys, which must share
 -- one slot, while a batch for one node spans that node's slots (the script's
 -- `allow-cross-slot-keys` flag lets it touch them).
--- Reply: per request, its 5 integers per key, or the error string of that request alone (a
--- request that errs, or names a limit that does, or has a key this node does not serve,
--- wrote nothing; the others are unaffected).
+-- Reply: one flat array, per request in order its 5 integers per key, or in their place one
+-- string, the error of that request alone (a request that errs, or names a limit that does,
+-- or has a key this node does not serve, wrote nothing; the others are unaffected). Flat,
+-- because Redis pays for every nested array of a reply more than for its five integers.
 local function decide_batch(now, extra_args)
   local count, nspecs = digits(ARGV[2]), digits(ARGV[3])
   if count == nil or count < 1 then return redis.error_reply('sluice: bad batch size') end
@@ -187,6 +200,22 @@ local function decide_batch(now, extra_args)
   for j = 1, nspecs do
     local ok, s = pcall(spec_at, 4 + PER_SPEC * (j - 1), now)
     if ok then specs[j] = s else specs[j] = {bad = s} end
+  end
+  -- Shapes read before stand for limits valid now: a limit valid only until `now` nears 2^53
+  -- must not lend its shapes to a call in which it is bad.
+  local clean = true
+  for j = 1, nspecs do
+    if specs[j].bad ~= nil then clean = false end
+  end
+  if clean then
+    local set = table.concat(ARGV, ' ', 4, 3 + PER_SPEC * nspecs)
+    SHAPES = SHAPE_SETS.t[set]
+    if SHAPES == nil then
+      SHAPES = cache(256)
+      remember(SHAPE_SETS, set, SHAPES)
+    end
+  else
+    SHAPES = cache(256)
   end
   local first = 4 + PER_SPEC * nspecs -- the first request's nonce
   local mismatch = 'sluice: batch does not match its KEYS and ARGV'
@@ -202,18 +231,21 @@ local function decide_batch(now, extra_args)
     a = a + k
   end
   if k ~= #keys or a - 1 ~= #ARGV - extra_args then return redis.error_reply(mismatch) end
-  local out, k0 = {}, 0
+  local out, o, k0 = {}, 0, 0
   for r = 1, count do
     local at = first + 2 * (r - 1)
     local shape = shape_at(at + 1, specs)
-    local ok, res = true, shape.bad
-    if res == nil then ok, res = pcall(request, now, keys, k0, shape, ARGV[at], true) end
-    if ok then
-      out[r] = res
-    elseif type(res) == 'table' then
-      out[r] = res.err or 'sluice: error'
-    else
-      out[r] = tostring(res)
+    local err = shape.bad
+    if err == nil then
+      local ok, e = pcall(request, now, keys, k0, shape, ARGV[at], true, out, o)
+      if ok then o = o + 5 * shape.n else err = e end
+    end
+    if err ~= nil then
+      -- The error alone in the request's place: what its dry run wrote goes.
+      for i = o + 2, o + 5 * shape.n do out[i] = nil end
+      if type(err) == 'table' then err = err.err or 'sluice: error' end
+      out[o + 1] = tostring(err)
+      o = o + 1
     end
     k0 = k0 + shape.n
   end
@@ -221,10 +253,9 @@ local function decide_batch(now, extra_args)
 end
 
 -- The tests' pinned entry and production's (below) both dispatch here: `keys` and `argv` as
--- described at the top, `now` in µs. The caches are the call's own: a library of Redis
--- Functions keeps this closure, and so these tables, from one call to the next.
+-- described at the top, `now` in µs.
 local function decide(now, extra_args, keys, argv)
-  KEYS, ARGV, INTS, SHAPES = keys, argv, {}, {}
+  KEYS, ARGV = keys, argv
   if ARGV[1] == 'batch' then return decide_batch(now, extra_args) end
   return decide_all(now, extra_args)
 end

@@ -51,6 +51,25 @@ impl Lua {
         Lua::load(conn, &script)
     }
 
+    /// The pinned entry as a library of Redis Functions: a library keeps what its calls read
+    /// (parsed integers, request shapes) for the next calls, which an EVAL script never does.
+    fn pinned_library(mut conn: Conn) -> Lua {
+        let code = format!(
+            "#!lua name=sluice_pinned\n{}local decide\n\
+             redis.register_function{{function_name = 'sluice_pinned', \
+             flags = {{'allow-cross-slot-keys'}}, callback = function(keys, argv)\n\
+             if decide == nil then local _; _, decide = sluice() end\n\
+             return decide(tonumber(argv[#argv]), 1, keys, argv)\nend}}\n",
+            scripts::BODY
+        );
+        conn.cmd_ok(&["FUNCTION", "LOAD", "REPLACE", &code]);
+        Lua {
+            conn,
+            target: ["FCALL".into(), "sluice_pinned".into()],
+            nonce: 0,
+        }
+    }
+
     /// The production script: `now` is Redis's `TIME`.
     fn production(conn: Conn) -> Lua {
         Lua::load(conn, scripts::SCRIPT)
@@ -141,6 +160,26 @@ impl Lua {
                 scripts::decisions(&ints, ints.len() / 5)
             }
         }
+    }
+
+    /// A batch call (`args` as [`Lua::raw_batch`] or `scripts::batch_argv` make them), its
+    /// reply read as the gateway reads it: per request (of `keys[r]` keys) its decisions or its
+    /// own error.
+    fn batch(&mut self, args: &[String], keys: &[usize]) -> Vec<Result<Vec<Decision>, String>> {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let items = self
+            .conn
+            .cmd(&args)
+            .as_array()
+            .into_iter()
+            .map(|r| match r {
+                Resp::Int(i) => scripts::Item::Int(i),
+                Resp::Bulk(Some(e)) => {
+                    scripts::Item::Text(String::from_utf8_lossy(&e).into_owned())
+                }
+                other => scripts::Item::Other(format!("{other:?}")),
+            });
+        scripts::batch_decisions(items, keys).unwrap_or_else(|e| panic!("batch reply: {e}"))
     }
 
     fn at(&mut self, call: &LimitCall, now: u64) -> Decision {
@@ -695,7 +734,13 @@ fn calendar_months_end_exactly_in_the_script() {
 #[test]
 fn a_batch_decides_like_its_requests_one_after_another() {
     let redis = RedisServer::start();
-    let mut lua = Lua::pinned(redis.conn());
+    batch_decides_like_a_sequence(Lua::pinned(redis.conn()));
+    // A library keeps parsed shapes and integers from call to call: the same schedule holds.
+    let redis = RedisServer::start();
+    batch_decides_like_a_sequence(Lua::pinned_library(redis.conn()));
+}
+
+fn batch_decides_like_a_sequence(mut lua: Lua) {
     let mut r = Rng(0x5EED_0003);
     let (clock, time) = Clock::manual(T0);
     let mem = MemoryStore::new(10_000, clock);
@@ -753,21 +798,16 @@ fn a_batch_decides_like_its_requests_one_after_another() {
             args.extend(keys);
         }
         args.push(now.to_string());
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let reply = lua.conn.cmd(&argv).as_array();
-        assert_eq!(reply.len(), size, "round {round}");
+        let sizes: Vec<usize> = requests.iter().map(|(_, c)| c.len()).collect();
+        let reply = lua.batch(&args, &sizes);
         for (q, ((rid, calls), got)) in requests.iter().zip(reply).enumerate() {
             if bad == Some(q) {
-                let Resp::Bulk(Some(e)) = got else {
-                    panic!("round {round}: the bad request answered {got:?}");
-                };
-                assert!(String::from_utf8_lossy(&e).contains("bad limit"), "{e:?}");
+                let e = got.expect_err("the bad request was decided");
+                assert!(e.contains("bad limit"), "round {round}: {e}");
                 continue;
             }
             let want = mem.decide_as(calls, *rid);
-            let ints: Vec<i64> = got.as_array().iter().map(Resp::as_int).collect();
-            let got = scripts::decisions(&ints, calls.len()).unwrap();
-            assert_eq!(got, want, "round {round}, request {q}: {calls:?}");
+            assert_eq!(got, Ok(want), "round {round}, request {q}: {calls:?}");
         }
     }
 }
@@ -775,12 +815,26 @@ fn a_batch_decides_like_its_requests_one_after_another() {
 /// A request whose shape (its part of a batch's ARGV: `index:cost:shadow:op` per key) is
 /// malformed gets its own error naming that argument, and writes nothing; the requests before
 /// and after it, even one with the same shape as a bad one, are told apart and decided. A
-/// batch missing arguments is refused whole.
+/// batch missing arguments is refused whole. A library, which keeps the valid shapes it read
+/// for its next calls, keeps none of the bad ones: the same batch a second time is answered
+/// the same.
 #[test]
 fn a_malformed_request_shape_fails_that_request_alone() {
     let redis = RedisServer::start();
-    let mut lua = Lua::pinned(redis.conn());
-    let mut conn = redis.conn();
+    malformed_shapes_fail_alone(Lua::pinned(redis.conn()), redis.conn());
+    let redis = RedisServer::start();
+    malformed_shapes_fail_alone(Lua::pinned_library(redis.conn()), redis.conn());
+    // FLUSHALL keeps the library, and what it read: called again, on a new connection.
+    redis.conn().cmd_ok(&["FLUSHALL"]);
+    let again = Lua {
+        conn: redis.conn(),
+        target: ["FCALL".into(), "sluice_pinned".into()],
+        nonce: 0,
+    };
+    malformed_shapes_fail_alone(again, redis.conn());
+}
+
+fn malformed_shapes_fail_alone(mut lua: Lua, mut conn: Conn) {
     let p = params(Algorithm::TokenBucket, 5, 60 * S, None);
     // (shape, its keys, what the request must answer: 5 integers per key, or an error)
     let cases: [(&str, &[&str], Option<&str>); 7] = [
@@ -812,24 +866,19 @@ fn a_malformed_request_shape_fails_that_request_alone() {
         }
         assert_eq!(conn.cmd_ok(&["EXISTS", "s:ok1"]).as_int(), 0);
     }
-    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-    let reply = lua.conn.cmd(&argv).as_array();
-    assert_eq!(reply.len(), cases.len());
+    let sizes: Vec<usize> = cases.iter().map(|c| c.1.len()).collect();
+    let reply = lua.batch(&args, &sizes);
     for (i, ((shape, keys, want), got)) in cases.iter().zip(reply).enumerate() {
         match want {
             None => {
-                let ints: Vec<i64> = got.as_array().iter().map(Resp::as_int).collect();
-                let d = scripts::decisions(&ints, keys.len()).unwrap();
+                let d = got.unwrap();
                 assert!(d.iter().all(|d| d.code == Code::Allowed), "{shape}: {d:?}");
                 for k in *keys {
                     assert_eq!(conn.cmd_ok(&["EXISTS", k]).as_int(), 1, "{shape}: {k}");
                 }
             }
             Some(err) => {
-                let Resp::Bulk(Some(e)) = got else {
-                    panic!("{shape} answered {got:?}");
-                };
-                let e = String::from_utf8_lossy(&e);
+                let e = got.expect_err(shape);
                 let at = format!("ARGV[{}]", first + 2 * i + 1);
                 assert!(e.contains(err) && e.contains(&at), "{shape}: {e}");
                 for k in *keys {
@@ -840,10 +889,36 @@ fn a_malformed_request_shape_fails_that_request_alone() {
     }
 }
 
-/// The library keeps its built body from one FCALL to the next, but nothing a call read: two
-/// batches send the same shape (`1:1:0:0`, "the first limit, cost 1") for limits of different
-/// sizes, and each is decided on its own limit. A bad shape in one call is not remembered in
-/// the next either.
+/// A library keeps the shapes a call read for the next calls with the same limits, but a limit
+/// that is bad at a call's `now` (its window reaching past 2^53 µs) lends none: every request
+/// naming it fails, and nothing is written. The same limit before and after is decided.
+#[test]
+fn a_limit_bad_at_this_calls_clock_is_not_saved_by_shapes_read_before() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned_library(redis.conn());
+    let mut conn = redis.conn();
+    let p = params(Algorithm::TokenBucket, 5, 60 * S, None);
+    let late = (1u64 << 53) - 60 * S;
+    for (now, key, ok) in [(T0, "c:a", true), (late, "c:b", false), (T0, "c:c", true)] {
+        let args = lua.raw_batch(&p, &[("1:1:0:0", &[key]), ("1:1:0:0", &[key])], Some(now));
+        for got in lua.batch(&args, &[1, 1]) {
+            match got {
+                Ok(d) => assert!(ok && d[0].limit == 5, "{key} at {now}: {d:?}"),
+                Err(e) => assert!(!ok && e.contains("past 2^53"), "{key} at {now}: {e}"),
+            }
+        }
+        assert_eq!(
+            conn.cmd_ok(&["EXISTS", key]).as_int(),
+            i64::from(ok),
+            "{key}"
+        );
+    }
+}
+
+/// The production library keeps the shapes a call read for the next calls, but per set of
+/// limits: three batches send the same shape (`1:1:0:0`, "the first limit, cost 1") for limits
+/// of different sizes, and each is decided on its own limit. A bad shape in one call is not
+/// remembered in the next either.
 #[test]
 fn a_library_call_reads_its_own_limits_not_the_previous_calls() {
     let redis = RedisServer::start();
@@ -886,17 +961,6 @@ impl Fcall {
             .map(|(r, k)| (r.1, &k[..]))
             .collect();
         let args = lua.raw_batch(&p, &requests, None);
-        let argv: Vec<&str> = args.iter().map(String::as_str).collect();
-        let reply = lua.conn.cmd(&argv).as_array();
-        reply
-            .into_iter()
-            .map(|r| match r {
-                Resp::Bulk(Some(e)) => Err(String::from_utf8_lossy(&e).into_owned()),
-                r => {
-                    let ints: Vec<i64> = r.as_array().iter().map(Resp::as_int).collect();
-                    Ok(scripts::decisions(&ints, 1).unwrap())
-                }
-            })
-            .collect()
+        lua.batch(&args, &vec![1; requests.len()])
     }
 }

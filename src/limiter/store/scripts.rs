@@ -162,38 +162,59 @@ fn push_call(a: &mut Vec<String>, c: &super::LimitCall) {
     a.extend(call_values(c).map(|v| v.to_string()));
 }
 
-/// Decode a batch reply: per request (of `keys[r]` keys), its decisions or its own error.
+/// One element of a batch reply, whatever client read it.
+#[derive(Debug)]
+pub enum Item {
+    Int(i64),
+    /// A request's error, in place of its integers.
+    Text(String),
+    /// Anything else, which the script never answers.
+    Other(String),
+}
+
+impl From<fred::types::Value> for Item {
+    fn from(v: fred::types::Value) -> Item {
+        use fred::types::Value;
+        match v {
+            Value::Integer(i) => Item::Int(i),
+            Value::String(e) => Item::Text(e.to_string()),
+            Value::Bytes(e) => Item::Text(String::from_utf8_lossy(&e).into_owned()),
+            other => Item::Other(format!("{other:?}")),
+        }
+    }
+}
+
+/// Decode a batch reply, one flat array: per request (of `keys[r]` keys) in order, its 5
+/// integers per key, or in their place one string, its own error.
 pub fn batch_decisions(
-    reply: Vec<fred::types::Value>,
+    reply: impl IntoIterator<Item = Item>,
     keys: &[usize],
 ) -> Result<Vec<Result<Vec<crate::limiter::algo::Decision>, String>>, String> {
-    use fred::types::Value;
-    if reply.len() != keys.len() {
-        return Err(format!(
-            "batch answered {} requests for {}",
-            reply.len(),
-            keys.len()
-        ));
-    }
-    reply
-        .into_iter()
-        .zip(keys)
-        .map(|(v, &n)| match v {
-            Value::Array(items) => {
-                let ints: Result<Vec<i64>, String> = items
-                    .into_iter()
-                    .map(|i| match i {
-                        Value::Integer(i) => Ok(i),
-                        other => Err(format!("not an integer: {other:?}")),
-                    })
-                    .collect();
-                Ok(decisions(&ints?, n))
+    let mut items = reply.into_iter();
+    let mut out = Vec::with_capacity(keys.len());
+    let mut ints = Vec::new();
+    'requests: for (r, &n) in keys.iter().enumerate() {
+        ints.clear();
+        while ints.len() < 5 * n {
+            match items.next() {
+                Some(Item::Int(v)) => ints.push(v),
+                Some(Item::Text(e)) if ints.is_empty() => {
+                    out.push(Err(e));
+                    continue 'requests;
+                }
+                Some(other) => return Err(format!("request {r} of the batch answered {other:?}")),
+                None => return Err(format!("batch answered {r} of {} requests", keys.len())),
             }
-            Value::String(e) => Ok(Err(e.to_string())),
-            Value::Bytes(e) => Ok(Err(String::from_utf8_lossy(&e).into_owned())),
-            other => Err(format!("unexpected batch item {other:?}")),
-        })
-        .collect()
+        }
+        out.push(decisions(&ints, n));
+    }
+    match items.next() {
+        Some(extra) => Err(format!(
+            "batch answered more than its {} requests: {extra:?}",
+            keys.len()
+        )),
+        None => Ok(out),
+    }
 }
 
 /// Decode a reply of 5 integers per key into decisions.
@@ -267,5 +288,35 @@ mod tests {
         assert!(decisions(&[0, 5, 1, 0], 1).is_err());
         assert!(decisions(&[7, 5, 1, 0, 0], 1).is_err());
         assert!(decisions(&[0, 5, -1, 0, 0], 1).is_err());
+    }
+
+    #[test]
+    fn a_flat_batch_reply_decodes_per_request_with_errors_in_place() {
+        use Item::{Int, Other, Text};
+        let ok = |code| [Int(code), Int(5), Int(4), Int(0), Int(60)];
+        let reply = || {
+            let mut r: Vec<Item> = ok(0).into();
+            r.push(Text("sluice: bad limit in ARGV[5]".into()));
+            r.extend(ok(1));
+            r.extend(ok(0));
+            r
+        };
+        // Requests of 1, 1 (its error) and 2 keys.
+        let got = batch_decisions(reply(), &[1, 1, 2]).unwrap();
+        assert_eq!(got.len(), 3);
+        assert_eq!(got[0].as_ref().unwrap()[0].remaining, 4);
+        assert!(got[1].as_ref().unwrap_err().contains("bad limit"));
+        let two = got[2].as_ref().unwrap();
+        assert_eq!(two.len(), 2);
+        assert_eq!(two[0].code, crate::limiter::algo::Code::Limited);
+        // Counted wrong either way, or an error inside a request's integers: the reply is
+        // refused whole, never read out of step.
+        assert!(batch_decisions(reply(), &[1, 1, 1]).is_err());
+        assert!(batch_decisions(reply(), &[1, 1, 3]).is_err());
+        assert!(batch_decisions(reply(), &[2, 1]).is_err());
+        assert!(batch_decisions([Int(0), Other("nil".into())], &[1]).is_err());
+        // A request answers with the codes the script sends, or its own error.
+        let bad = batch_decisions(ok(7), &[1]).unwrap();
+        assert!(bad[0].is_err());
     }
 }
