@@ -211,11 +211,11 @@ local function decide_batch(now, extra_args)
     local set = table.concat(ARGV, ' ', 4, 3 + PER_SPEC * nspecs)
     SHAPES = SHAPE_SETS.t[set]
     if SHAPES == nil then
-      SHAPES = cache(256)
+      SHAPES = cache(64)
       remember(SHAPE_SETS, set, SHAPES)
     end
   else
-    SHAPES = cache(256)
+    SHAPES = cache(64)
   end
   local first = 4 + PER_SPEC * nspecs -- the first request's nonce
   local mismatch = 'sluice: batch does not match its KEYS and ARGV'
