@@ -155,7 +155,7 @@ end
 -- its error} (read again where it recurs, so that the error names the right ARGV); its key
 -- count is still known, so the requests after it are found.
 local SHAPE_SETS = cache(64)
--- This call's: kept from earlier calls with the same limits, or its own when one is bad.
+-- This call's (see shapes_for).
 local SHAPES
 
 -- One key's part of the shape at ARGV[j] as its call; raises on bad input.
@@ -181,6 +181,22 @@ local function shape_at(j, specs)
   return shape
 end
 
+-- The shapes a call on `specs` (its limits, from ARGV[4]) reads and keeps: those kept for the
+-- same limits, unless one of them is bad at this call's `now`. A limit valid only until `now`
+-- nears 2^53 must not lend a call in which it is bad the shapes read while it was valid.
+local function shapes_for(specs)
+  for j = 1, #specs do
+    if specs[j].bad ~= nil then return cache(64) end
+  end
+  local set = table.concat(ARGV, ' ', 4, 3 + PER_SPEC * #specs)
+  local shapes = SHAPE_SETS.t[set]
+  if shapes == nil then
+    shapes = cache(64)
+    remember(SHAPE_SETS, set, shapes)
+  end
+  return shapes
+end
+
 -- Several requests, decided one after another in the order given, each atomic and
 -- all-or-nothing on its own: ARGV[1] = 'batch', ARGV[2] = R requests, ARGV[3] = L limits,
 -- then each limit's 6 static values once (algorithm, N, W, C, I, unit), then per request its
@@ -201,22 +217,7 @@ local function decide_batch(now, extra_args)
     local ok, s = pcall(spec_at, 4 + PER_SPEC * (j - 1), now)
     if ok then specs[j] = s else specs[j] = {bad = s} end
   end
-  -- Shapes read before stand for limits valid now: a limit valid only until `now` nears 2^53
-  -- must not lend its shapes to a call in which it is bad.
-  local clean = true
-  for j = 1, nspecs do
-    if specs[j].bad ~= nil then clean = false end
-  end
-  if clean then
-    local set = table.concat(ARGV, ' ', 4, 3 + PER_SPEC * nspecs)
-    SHAPES = SHAPE_SETS.t[set]
-    if SHAPES == nil then
-      SHAPES = cache(64)
-      remember(SHAPE_SETS, set, SHAPES)
-    end
-  else
-    SHAPES = cache(64)
-  end
+  SHAPES = shapes_for(specs)
   local first = 4 + PER_SPEC * nspecs -- the first request's nonce
   local mismatch = 'sluice: batch does not match its KEYS and ARGV'
   if first - 1 + 2 * count > #ARGV - extra_args then return redis.error_reply(mismatch) end

@@ -53,7 +53,7 @@ impl Lua {
 
     /// The pinned entry as a library of Redis Functions: a library keeps what its calls read
     /// (parsed integers, request shapes) for the next calls, which an EVAL script never does.
-    fn pinned_library(mut conn: Conn) -> Lua {
+    fn pinned_library(conn: Conn) -> Lua {
         let code = format!(
             "#!lua name=sluice_pinned\n{}local decide\n\
              redis.register_function{{function_name = 'sluice_pinned', \
@@ -62,12 +62,7 @@ impl Lua {
              return decide(tonumber(argv[#argv]), 1, keys, argv)\nend}}\n",
             scripts::BODY
         );
-        conn.cmd_ok(&["FUNCTION", "LOAD", "REPLACE", &code]);
-        Lua {
-            conn,
-            target: ["FCALL".into(), "sluice_pinned".into()],
-            nonce: 0,
-        }
+        Lua::load_library(conn, &code)
     }
 
     /// The production script: `now` is Redis's `TIME`.
@@ -76,24 +71,29 @@ impl Lua {
     }
 
     /// The production library (Redis Functions, FCALL): `now` is Redis's `TIME`.
-    fn library(mut conn: Conn) -> Lua {
+    fn library(conn: Conn) -> Lua {
         let lib = scripts::Library::new();
-        let name = conn
-            .cmd_ok(&["FUNCTION", "LOAD", "REPLACE", &lib.code])
-            .as_str();
-        assert_eq!(name, lib.name);
-        Lua {
-            conn,
-            target: ["FCALL".into(), name],
-            nonce: 0,
-        }
+        let lua = Lua::load_library(conn, &lib.code);
+        assert_eq!(lua.target[1], lib.name);
+        lua
     }
 
     fn load(mut conn: Conn, script: &str) -> Lua {
         let sha = conn.cmd_ok(&["SCRIPT", "LOAD", script]).as_str();
+        Lua::on(conn, "EVALSHA", &sha)
+    }
+
+    /// A library whose one function is named as the library (both of ours are).
+    fn load_library(mut conn: Conn, code: &str) -> Lua {
+        let name = conn.cmd_ok(&["FUNCTION", "LOAD", "REPLACE", code]).as_str();
+        Lua::on(conn, "FCALL", &name)
+    }
+
+    /// Calls of what `command` (`EVALSHA` or `FCALL`) names, loaded already.
+    fn on(conn: Conn, command: &str, name: &str) -> Lua {
         Lua {
             conn,
-            target: ["EVALSHA".into(), sha],
+            target: [command.into(), name.into()],
             nonce: 0,
         }
     }
@@ -826,11 +826,7 @@ fn a_malformed_request_shape_fails_that_request_alone() {
     malformed_shapes_fail_alone(Lua::pinned_library(redis.conn()), redis.conn());
     // FLUSHALL keeps the library, and what it read: called again, on a new connection.
     redis.conn().cmd_ok(&["FLUSHALL"]);
-    let again = Lua {
-        conn: redis.conn(),
-        target: ["FCALL".into(), "sluice_pinned".into()],
-        nonce: 0,
-    };
+    let again = Lua::on(redis.conn(), "FCALL", "sluice_pinned");
     malformed_shapes_fail_alone(again, redis.conn());
 }
 
