@@ -150,12 +150,15 @@ end
 -- A request's shape in a batch: per key, its limit's index in `specs` (from 1), cost, shadow
 -- flag and op, as `index:cost:shadow:op`, the keys' joined by `,` (one limit: `1:1:0:0`).
 -- Requests of one route mostly share a shape, call after call, so each valid one is read once:
--- {n = its key count, calls...}, kept per set of limits (a call's limits' values, joined) in
--- SHAPE_SETS, as its calls carry their limits' values. A shape that is not valid is {n, bad =
+-- {n = its key count, calls...}, kept with the set of limits it was read against (see
+-- limits_for), as its calls carry their limits' values. A shape that is not valid is {n, bad =
 -- its error} (read again where it recurs, so that the error names the right ARGV); its key
 -- count is still known, so the requests after it are found.
-local SHAPE_SETS = cache(64)
--- This call's (see shapes_for).
+--
+-- Per set of limits (a call's limits' values, joined): {specs = the limits parsed, shapes =
+-- the shapes read against them, window = their longest window}.
+local SETS = cache(64)
+-- This call's shapes (see limits_for).
 local SHAPES
 
 -- One key's part of the shape at ARGV[j] as its call; raises on bad input.
@@ -181,20 +184,29 @@ local function shape_at(j, specs)
   return shape
 end
 
--- The shapes a call on `specs` (its limits, from ARGV[4]) reads and keeps: those kept for the
--- same limits, unless one of them is bad at this call's `now`. A limit valid only until `now`
--- nears 2^53 must not lend a call in which it is bad the shapes read while it was valid.
-local function shapes_for(specs)
-  for j = 1, #specs do
-    if specs[j].bad ~= nil then return cache(64) end
+-- The call's limits (ARGV[4 ..], `nspecs` of them), each parsed or {bad = its error}, and the
+-- shapes kept for them. Calls on the same limits reuse both while every limit stays valid at
+-- the call's `now` (its window must end before 2^53): a lone request's call then parses none
+-- of them. A call in which a limit is bad parses them afresh and keeps nothing, so a limit
+-- valid only until `now` nears 2^53 never lends such a call the shapes read while it was.
+local function limits_for(nspecs, now)
+  local last = 3 + PER_SPEC * nspecs
+  local set = last <= #ARGV and table.concat(ARGV, ' ', 4, last)
+  local kept = set and SETS.t[set]
+  if kept and now + 2 * kept.window < MAX_EXACT then return kept.specs, kept.shapes end
+  local specs, window, bad = {}, 0, not set
+  for j = 1, nspecs do
+    local ok, s = pcall(spec_at, 4 + PER_SPEC * (j - 1), now)
+    if ok then
+      specs[j], window = s, max(window, s.window)
+    else
+      specs[j], bad = {bad = s}, true
+    end
   end
-  local set = table.concat(ARGV, ' ', 4, 3 + PER_SPEC * #specs)
-  local shapes = SHAPE_SETS.t[set]
-  if shapes == nil then
-    shapes = cache(64)
-    remember(SHAPE_SETS, set, shapes)
-  end
-  return shapes
+  if bad then return specs, cache(64) end
+  kept = {specs = specs, shapes = cache(64), window = window}
+  remember(SETS, set, kept)
+  return specs, kept.shapes
 end
 
 -- Several requests, decided one after another in the order given, each atomic and
@@ -212,12 +224,8 @@ local function decide_batch(now, extra_args)
   local count, nspecs = digits(ARGV[2]), digits(ARGV[3])
   if count == nil or count < 1 then return redis.error_reply('sluice: bad batch size') end
   if nspecs == nil or nspecs < 1 then return redis.error_reply('sluice: bad limit count') end
-  local specs = {}
-  for j = 1, nspecs do
-    local ok, s = pcall(spec_at, 4 + PER_SPEC * (j - 1), now)
-    if ok then specs[j] = s else specs[j] = {bad = s} end
-  end
-  SHAPES = shapes_for(specs)
+  local specs
+  specs, SHAPES = limits_for(nspecs, now)
   local first = 4 + PER_SPEC * nspecs -- the first request's nonce
   local mismatch = 'sluice: batch does not match its KEYS and ARGV'
   if first - 1 + 2 * count > #ARGV - extra_args then return redis.error_reply(mismatch) end
