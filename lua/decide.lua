@@ -77,6 +77,7 @@ end
 -- and ARGV[j + 2 * step] (step 0: all three in one argument).
 local function call_of(s, j, step, cost, shadow, op)
   return {
+    algo = ALGO[s.algorithm], -- resolved once per call read, not per request
     algorithm = s.algorithm, limit = s.limit, window = s.window, capacity = s.capacity,
     interval = s.interval, unit = s.unit,
     cost = num(cost, j, 0, MAX_EXACT - 1, 'cost'),
@@ -105,7 +106,13 @@ local function run(now, keys, k0, calls, nonce, write, out, o0)
   local pass = true
   for i = 1, #calls do
     local p = calls[i]
-    local code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
+    local code, limit, remaining, retry, reset
+    if p.op == 0 then
+      -- A decision, the common op, straight to its algorithm (what `one` does for it).
+      code, limit, remaining, retry, reset = p.algo(keys[k0 + i], p, now, p.cost, write, nonce, i)
+    else
+      code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
+    end
     local o = o0 + 5 * (i - 1)
     out[o + 1], out[o + 2], out[o + 3], out[o + 4], out[o + 5] =
       code, limit, remaining, retry, reset
@@ -246,7 +253,9 @@ local function decide_batch(now, extra_args)
     local shape = shape_at(at + 1, specs)
     local err = shape.bad
     if err == nil then
-      local ok, e = pcall(request, now, keys, k0, shape, ARGV[at], true, out, o)
+      -- A request of one key commits directly: `request` would only call `run`.
+      local decide_one = shape.n == 1 and run or request
+      local ok, e = pcall(decide_one, now, keys, k0, shape, ARGV[at], true, out, o)
       if ok then o = o + 5 * shape.n else err = e end
     end
     if err ~= nil then

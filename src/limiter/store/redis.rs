@@ -521,17 +521,15 @@ impl RedisStore {
         }
     }
 
-    /// The next script calls for `jobs`, an answer per job in order. A lone request uses the
-    /// single-request form; on Cluster, one call per node.
+    /// The next script calls for `jobs`, an answer per job in order; on Cluster, one call per
+    /// node. A lone request goes as a batch of one too: the batch form keeps its limits'
+    /// parses from call to call, the single-request form does not.
     async fn eval_batch(
         &self,
         jobs: &[Job],
     ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
         if self.cluster {
             return self.eval_per_node(jobs).await;
-        }
-        if let [job] = jobs {
-            return Ok(vec![self.eval(&job.calls, true, job.id).await]);
         }
         let client = self.client().await?;
         self.eval_jobs(&client, &jobs.iter().collect::<Vec<_>>(), None)
