@@ -86,11 +86,13 @@ local function call_of(s, j, step, cost, shadow, op)
   }
 end
 
--- One limit, as src/limiter/algo/mod.rs `run` does it.
+-- One limit whose op is not a decision (`run` hands a decision, op 0, to its algorithm
+-- itself): together, what src/limiter/algo/mod.rs `run` does.
 local function one(now, key, i, p, write, nonce)
-  local algo = ALGO[p.algorithm]
+  local algo = p.algo
   if p.algorithm == 'concurrency' then return algo(key, p, now, p.cost, write, nonce, i) end
-  if p.op ~= 2 then return algo(key, p, now, p.cost, write and p.op == 0, nonce, i) end
+  -- A probe (1) never writes; release (3) and renew (4) concern concurrency leases alone.
+  if p.op ~= 2 then return algo(key, p, now, p.cost, false, nonce, i) end
   if not write or p.cost == 0 then return algo(key, p, now, 0, false, nonce, i) end
   if CHARGE[p.algorithm] ~= nil then return CHARGE[p.algorithm](key, p, now, p.cost) end
   -- A window charges what still fits in it.
@@ -108,7 +110,6 @@ local function run(now, keys, k0, calls, nonce, write, out, o0)
     local p = calls[i]
     local code, limit, remaining, retry, reset
     if p.op == 0 then
-      -- A decision, the common op, straight to its algorithm (what `one` does for it).
       code, limit, remaining, retry, reset = p.algo(keys[k0 + i], p, now, p.cost, write, nonce, i)
     else
       code, limit, remaining, retry, reset = one(now, keys[k0 + i], i, p, write, nonce)
@@ -253,9 +254,7 @@ local function decide_batch(now, extra_args)
     local shape = shape_at(at + 1, specs)
     local err = shape.bad
     if err == nil then
-      -- A request of one key commits directly: `request` would only call `run`.
-      local decide_one = shape.n == 1 and run or request
-      local ok, e = pcall(decide_one, now, keys, k0, shape, ARGV[at], true, out, o)
+      local ok, e = pcall(request, now, keys, k0, shape, ARGV[at], true, out, o)
       if ok then o = o + 5 * shape.n else err = e end
     end
     if err ~= nil then
