@@ -1,4 +1,14 @@
-# Shared by scripts/bench.sh, bench_tls.sh and bench_plans.sh (sourced, not run).
+# Shared by scripts/bench.sh, bench_tls.sh, bench_plans.sh, pgo.sh and pgo_check.sh (sourced,
+# not run).
+
+# The toolchain's llvm-profdata (rustup's llvm-tools), or exit saying how to get it.
+llvm_profdata() {
+  local host tool
+  host=$(rustc -vV | sed -n 's/^host: //p')
+  tool="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
+  [ -x "$tool" ] || { echo "llvm-profdata not found: rustup component add llvm-tools" >&2; exit 1; }
+  echo "$tool"
+}
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

@@ -19,9 +19,8 @@ for tool in wrk redis-server openssl curl; do
     exit 1
   }
 done
-host=$(rustc -vV | sed -n 's/^host: //p')
-profdata="$(rustc --print sysroot)/lib/rustlib/$host/bin/llvm-profdata"
-[ -x "$profdata" ] || { echo "llvm-profdata not found: rustup component add llvm-tools" >&2; exit 1; }
+. scripts/bench_lib.sh
+profdata=$(llvm_profdata)
 llvm_major=$(rustc -vV | sed -n 's/^LLVM version: \([0-9]*\).*/\1/p')
 commit=$(git describe --always --dirty) # of the code trained, before the profile is rewritten
 
@@ -39,15 +38,15 @@ echo "building the instrumented binary (target/pgo-train)"
 # Build scripts and proc macros are instrumented too (RUSTFLAGS reach them); their counts,
 # written as they run during the build, go to $tmp and are not used. (Building with --target
 # would spare them, but it changes every symbol's name as well.)
-SLUICE_PGO=off RUSTFLAGS="-Cprofile-generate" LLVM_PROFILE_FILE="$tmp/build-%p.profraw" \
-  cargo build --release --quiet --target-dir target/pgo-train --bin sluice
-# The upstream (instrumented too, in its own cargo run; its counts are thrown away).
-SLUICE_PGO=off RUSTFLAGS="-Cprofile-generate" LLVM_PROFILE_FILE="$tmp/build-%p.profraw" \
-  cargo build --release --quiet --target-dir target/pgo-train --example demo_upstream
+# The upstream, instrumented too, in a cargo run of its own (its counts are thrown away).
+for what in "--bin sluice" "--example demo_upstream"; do
+  # shellcheck disable=SC2086 # two words each
+  SLUICE_PGO=off RUSTFLAGS="-Cprofile-generate" LLVM_PROFILE_FILE="$tmp/build-%p.profraw" \
+    cargo build --release --quiet --target-dir target/pgo-train $what
+done
 built=target/pgo-train/release
 bin=$built/sluice
 
-. scripts/bench_lib.sh
 UP=$(free_port); REDIS=$(free_port)
 # The upstream is instrumented too; its counts are thrown away.
 LLVM_PROFILE_FILE="$tmp/upstream-%p.profraw" "$built/examples/demo_upstream" \

@@ -9,6 +9,7 @@
 //! real-clock tests at the end.
 mod support;
 
+use fred::types::Value;
 use sluice::limiter::algo::{self, Algorithm, Code, Decision, Op, Params, State};
 use sluice::limiter::store::memory::{Clock, MemoryStore};
 use sluice::limiter::store::{scripts, LimitCall};
@@ -173,12 +174,11 @@ impl Lua {
             .as_array()
             .into_iter()
             .map(|r| match r {
-                Resp::Int(i) => scripts::Item::Int(i),
-                Resp::Bulk(Some(e)) => {
-                    scripts::Item::Text(String::from_utf8_lossy(&e).into_owned())
-                }
-                other => scripts::Item::Other(format!("{other:?}")),
-            });
+                Resp::Int(i) => Value::Integer(i),
+                Resp::Bulk(Some(e)) => Value::Bytes(e.into()),
+                _ => Value::Null,
+            })
+            .collect();
         scripts::batch_decisions(items, keys).unwrap_or_else(|e| panic!("batch reply: {e}"))
     }
 

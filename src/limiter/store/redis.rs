@@ -636,8 +636,7 @@ impl RedisStore {
             }
         };
         let sizes: Vec<usize> = jobs.iter().map(|j| j.calls.len()).collect();
-        let items = reply.into_iter().map(scripts::Item::from);
-        let answers = scripts::batch_decisions(items, &sizes).map_err(StoreError::Script)?;
+        let answers = scripts::batch_decisions(reply, &sizes).map_err(StoreError::Script)?;
         Ok(answers
             .into_iter()
             .map(|a| a.map_err(StoreError::Script))

@@ -162,49 +162,32 @@ fn push_call(a: &mut Vec<String>, c: &super::LimitCall) {
     a.extend(call_values(c).map(|v| v.to_string()));
 }
 
-/// One element of a batch reply, whatever client read it.
-#[derive(Debug)]
-pub enum Item {
-    Int(i64),
-    /// A request's error, in place of its integers.
-    Text(String),
-    /// Anything else, which the script never answers.
-    Other(String),
-}
-
-impl From<fred::types::Value> for Item {
-    fn from(v: fred::types::Value) -> Item {
-        use fred::types::Value;
-        match v {
-            Value::Integer(i) => Item::Int(i),
-            Value::String(e) => Item::Text(e.to_string()),
-            Value::Bytes(e) => Item::Text(String::from_utf8_lossy(&e).into_owned()),
-            other => Item::Other(format!("{other:?}")),
-        }
-    }
-}
-
 /// Decode a batch reply, one flat array: per request (of `keys[r]` keys) in order, its 5
 /// integers per key, or in their place one string, its own error.
 pub fn batch_decisions(
-    reply: impl IntoIterator<Item = Item>,
+    reply: Vec<fred::types::Value>,
     keys: &[usize],
 ) -> Result<Vec<Result<Vec<crate::limiter::algo::Decision>, String>>, String> {
+    use fred::types::Value;
     let mut items = reply.into_iter();
     let mut out = Vec::with_capacity(keys.len());
     let mut ints = Vec::new();
     'requests: for (r, &n) in keys.iter().enumerate() {
         ints.clear();
         while ints.len() < 5 * n {
-            match items.next() {
-                Some(Item::Int(v)) => ints.push(v),
-                Some(Item::Text(e)) if ints.is_empty() => {
-                    out.push(Err(e));
-                    continue 'requests;
+            let error = match items.next() {
+                Some(Value::Integer(v)) => {
+                    ints.push(v);
+                    continue;
                 }
+                Some(Value::String(e)) if ints.is_empty() => e.to_string(),
+                Some(Value::Bytes(e)) if ints.is_empty() => String::from_utf8_lossy(&e).into(),
                 Some(other) => return Err(format!("request {r} of the batch answered {other:?}")),
                 None => return Err(format!("batch answered {r} of {} requests", keys.len())),
-            }
+            };
+            // Its error in place of its integers.
+            out.push(Err(error));
+            continue 'requests;
         }
         out.push(decisions(&ints, n));
     }
@@ -292,11 +275,11 @@ mod tests {
 
     #[test]
     fn a_flat_batch_reply_decodes_per_request_with_errors_in_place() {
-        use Item::{Int, Other, Text};
+        use fred::types::Value::{self, Integer as Int, Null};
         let ok = |code| [Int(code), Int(5), Int(4), Int(0), Int(60)];
         let reply = || {
-            let mut r: Vec<Item> = ok(0).into();
-            r.push(Text("sluice: bad limit in ARGV[5]".into()));
+            let mut r: Vec<Value> = ok(0).into();
+            r.push(Value::String("sluice: bad limit in ARGV[5]".into()));
             r.extend(ok(1));
             r.extend(ok(0));
             r
@@ -314,9 +297,9 @@ mod tests {
         assert!(batch_decisions(reply(), &[1, 1, 1]).is_err());
         assert!(batch_decisions(reply(), &[1, 1, 3]).is_err());
         assert!(batch_decisions(reply(), &[2, 1]).is_err());
-        assert!(batch_decisions([Int(0), Other("nil".into())], &[1]).is_err());
+        assert!(batch_decisions(vec![Int(0), Null], &[1]).is_err());
         // A request answers with the codes the script sends, or its own error.
-        let bad = batch_decisions(ok(7), &[1]).unwrap();
+        let bad = batch_decisions(ok(7).into(), &[1]).unwrap();
         assert!(bad[0].is_err());
     }
 }
