@@ -1,6 +1,10 @@
 # Shared by scripts/bench.sh, bench_tls.sh, bench_plans.sh, pgo.sh and pgo_check.sh (sourced,
 # not run).
 
+# The sluice crate's function symbols in text on stdin (`nm`, `llvm-profdata show`), one
+# per line, sorted: what scripts/pgo_check.sh compares between a binary and the profile.
+sluice_functions() { grep -oE '_ZN6sluice[0-9A-Za-z_$.]*17h[0-9a-f]{16}E' | sort -u; }
+
 # The toolchain's llvm-profdata (rustup's llvm-tools), or exit saying how to get it.
 llvm_profdata() {
   local host tool
@@ -57,7 +61,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(
 # and start the demo upstream on $UP.
 bench_setup() {
   command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
-  cargo build --release --bin sluice --example demo_upstream >/dev/null 2>&1
+  scripts/build_release.sh --quiet
   UP=$(free_port)
   tmp=$(mktemp -d)
   pids=()

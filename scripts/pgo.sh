@@ -6,10 +6,12 @@
 # 2. runs it as an operator would, on the embedded store and then on Redis: plain proxying,
 #    every algorithm allowing and refusing with 10 000 keys, answer-charged and concurrency
 #    limits, request bodies, TLS (kept-alive and fresh handshakes), admin scrapes and a reload;
-# 3. merges what it counted into pgo/sluice.profdata and records the LLVM that wrote it.
-# 4. rebuilds the release binary with it (cargo clean --release: cargo does not see the
-#    profile as an input) and checks that the profile names its functions
-#    (scripts/pgo_check.sh).
+# 3. merges what it counted into pgo/sluice.profdata, records the LLVM that wrote it
+#    (pgo/sluice.meta) and the sluice functions it has counts for (pgo/sluice.functions, what
+#    scripts/pgo_check.sh compares a binary with, so that the check needs no llvm-tools).
+# 4. rebuilds the release binaries with it (cargo clean --release: cargo does not see the
+#    profile as an input; then scripts/build_release.sh --strict, which checks that the
+#    profile names the binary's functions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-3}
@@ -127,8 +129,9 @@ train redis "{ kind: redis, redis: { url: \"redis://127.0.0.1:$REDIS\", timeout:
 "$profdata" merge -o pgo/sluice.profdata "$tmp"/raw/*.profraw
 printf 'llvm_major=%s\nrustc=%s\ncommit=%s\n' "$llvm_major" "$(rustc -V)" "$commit" \
   > pgo/sluice.meta
-echo "wrote pgo/sluice.profdata ($(wc -c < pgo/sluice.profdata) bytes) and pgo/sluice.meta"
-echo "rebuilding the release binary with it (cargo clean --release && cargo build --release)"
+"$profdata" show --all-functions pgo/sluice.profdata | sluice_functions > pgo/sluice.functions
+echo "wrote pgo/sluice.profdata ($(wc -c < pgo/sluice.profdata) bytes), pgo/sluice.meta and" \
+  "pgo/sluice.functions ($(wc -l < pgo/sluice.functions) functions)"
+echo "rebuilding the release binaries with it (cargo clean --release && scripts/build_release.sh)"
 cargo clean --release --quiet
-cargo build --release --quiet
-scripts/pgo_check.sh "${CARGO_TARGET_DIR:-target}/release/sluice"
+scripts/build_release.sh --strict --quiet

@@ -3,7 +3,7 @@
 # gateway in the foreground with config/sluice.yaml (embedded store). Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release --bin sluice --example demo_upstream
+scripts/build_release.sh
 target/release/examples/demo_upstream 127.0.0.1:3000 &
 up=$!
 trap 'kill $up 2>/dev/null' EXIT

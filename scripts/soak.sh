@@ -59,8 +59,8 @@ fi
 rv=$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')
 ((rv >= 7)) || { echo "redis-server 7 or newer needed (found $(redis-server --version))" >&2; exit 2; }
 
-echo "building (cargo build --release)..." >&2
-cargo build --release --bin sluice --example demo_upstream >&2
+echo "building (scripts/build_release.sh)..." >&2
+scripts/build_release.sh >&2
 tdir=$(cargo metadata --no-deps --format-version 1 |
   python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
 

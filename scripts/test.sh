@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run the whole test suite: installs what the tests need (real redis-server, redis-sentinel,
-# prometheus, faketime, curl, openssl), then formatting, clippy, doc links and every test.
+# prometheus, faketime, curl, openssl), then formatting, clippy, doc links, every test, and a
+# release build whose profile must apply (scripts/build_release.sh --strict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,3 +26,7 @@ trap 'rm -f "$log"' EXIT
 cargo test --all-targets 2>&1 | tee "$log"
 # One closing line for the whole run (cargo's own last line is that of its last target).
 awk '/^test result:/ {p += $4; f += $6} END {printf "all targets: %d passed, %d failed\n", p, f}' "$log"
+# The release build, as the Dockerfile and the scripts make it, with the committed profile in
+# effect: it fails when a change (a dependency, the toolchain, how the build is run) leaves
+# the profile naming too few of the binary's functions for LLVM to apply it.
+scripts/build_release.sh --strict --locked --quiet
