@@ -182,7 +182,29 @@ fn dockerfile_builds_both_binaries_and_runs_unprivileged() {
         "{}",
         froms[1]
     );
-    assert!(text.contains("--bin sluice") && text.contains("--example demo_upstream"));
+    // Built by the script that keeps the committed profile applying, strictly, and with the
+    // toolchain the profile was made with (its version is in every symbol name).
+    assert!(text.contains("scripts/build_release.sh --strict"), "{text}");
+    let meta = std::fs::read_to_string(root().join("pgo/sluice.meta")).unwrap();
+    let rustc = meta.lines().find_map(|l| l.strip_prefix("rustc=rustc "));
+    let version = rustc
+        .and_then(|r| r.split(' ').next())
+        .expect("pgo/sluice.meta rustc=");
+    assert!(
+        froms[0].contains(&format!("rust:{version}-")),
+        "{} is not the profile's toolchain {version}",
+        froms[0]
+    );
+    assert!(text.contains("target/release/sluice target/release/examples/demo_upstream /out/"));
+    // Each in a cargo run of its own: in one, the example's dev-dependency features would
+    // rename the binary's symbols and the profile would apply to none of them.
+    let build = std::fs::read_to_string(root().join("scripts/build_release.sh")).unwrap();
+    let runs: Vec<&str> = build
+        .lines()
+        .filter(|l| l.trim_start().starts_with("cargo build"))
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs[0].ends_with("--bin sluice") && runs[1].ends_with("--example demo_upstream"));
     assert!(root().join("examples/demo_upstream.rs").is_file());
     let user = text
         .lines()
