@@ -18,6 +18,6 @@ tdir=$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directo
 if ! scripts/pgo_check.sh "$tdir/release/sluice" >&2; then
   [ "$strict" -eq 0 ] || exit 1
   echo "warning: this sluice is built without its profile in effect (made with" \
-    "$(sed -n 's/^rustc=//p' pgo/sluice.meta); this is $(rustc -V)): about a sixth more" \
+    "$(sed -n 's/^rustc=//p' pgo/sluice.meta); this is $(rustc -V)): about a quarter more" \
     "instructions per request (docs/performance.md, \"Profile-guided builds\")" >&2
 fi
