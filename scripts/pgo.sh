@@ -31,16 +31,13 @@ pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
 echo "building the instrumented binary (target/pgo-train)"
-# The binary on its own, as `cargo build --release` builds it. Built in the same cargo run as
-# an example, its crates would be compiled with the dev-dependencies' features unified in
-# (serde_core, zerocopy, time_core...), each with other `-C metadata`, and that hash is in
-# every symbol's name, which is how LLVM finds a function's counts: such a profile names no
-# function of the sluice crate in the release build (the profiles committed from f110b08 to
-# 98a2ce3 were made so). scripts/pgo_check.sh, at the end, checks that the names match.
+# The binary, then the upstream, each in a cargo run of its own as scripts/build_release.sh
+# builds them (why there: one run renames every symbol, and the profile would match none; the
+# profiles committed from f110b08 to 98a2ce3 were made so). Not with that script itself: its
+# profile check is of release builds, not of this instrumented one.
 # Build scripts and proc macros are instrumented too (RUSTFLAGS reach them); their counts,
 # written as they run during the build, go to $tmp and are not used. (Building with --target
 # would spare them, but it changes every symbol's name as well.)
-# The upstream, instrumented too, in a cargo run of its own (its counts are thrown away).
 for what in "--bin sluice" "--example demo_upstream"; do
   # shellcheck disable=SC2086 # two words each
   SLUICE_PGO=off RUSTFLAGS="-Cprofile-generate" LLVM_PROFILE_FILE="$tmp/build-%p.profraw" \
