@@ -38,7 +38,7 @@ routes:
     match: { path_prefix: / }
     upstream: up
 YAML
-  RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
+  RUST_LOG=${RUST_LOG:-info,sluice::access=off} "$rel/sluice" run -c "$tmp/$4.yaml" 2>/dev/null & pids+=($!)
 }
 gateway "$GW" "$ADM" "" bench
 GWPID=${pids[-1]}   # its CPU is measured on the 429 path

@@ -62,7 +62,7 @@ for s in "${stores[@]}"; do
   kind=${s%%|*}
   GW=$(free_port); ADM=$(free_port)
   config "$GW" "$ADM" "${s#*|}" > "$tmp/$kind.yaml"
-  RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/$kind.yaml" 2>/dev/null &
+  RUST_LOG=${RUST_LOG:-info,sluice::access=off} "$rel/sluice" run -c "$tmp/$kind.yaml" 2>/dev/null &
   gw_pid=$!; pids+=($gw_pid)
   watch=("$gw_pid"); [ "$kind" = redis ] && watch+=("$redis_pid")
   sleep 2

@@ -14,6 +14,10 @@ llvm_profdata() {
   echo "$tool"
 }
 
+# Where cargo builds this tree (CARGO_TARGET_DIR, a cargo config's `build.target-dir`, or
+# ./target): the binaries scripts/build_release.sh made, never a stale ./target/release.
+target_dir() { cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'; }
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wrk -t1 -c64 for $dur on a URL: prints "requests_per_second p99_ms".
@@ -57,16 +61,16 @@ runk() { # url pid...
 # The median of its arguments.
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2 ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2)}'; }
 
-# Check for wrk, build the release binaries, make $tmp (removed on exit, with every pid in $pids killed),
-# and start the demo upstream on $UP.
+# Check for wrk, build the release binaries (into $rel), make $tmp (removed on exit, with every
+# pid in $pids killed), and start the demo upstream on $UP.
 bench_setup() {
   command -v wrk >/dev/null || { echo "wrk not found: apt-get install -y wrk" >&2; exit 1; }
-  scripts/build_release.sh --quiet
+  rel=$(scripts/build_release.sh --quiet)
   UP=$(free_port)
   tmp=$(mktemp -d)
   pids=()
   trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$tmp"' EXIT
-  target/release/examples/demo_upstream "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
+  "$rel/examples/demo_upstream" "127.0.0.1:$UP" 2>/dev/null & pids+=($!)
 }
 
 # A self-signed ECDSA P-256 certificate for localhost: $tmp/tls.crt and $tmp/tls.key.

@@ -45,7 +45,7 @@ YAML
     echo "  - { name: c$i, plan: bench, keys: [key-$i] }"
   done
 } > "$tmp/plans.yaml"
-RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/plans.yaml" 2>/dev/null &
+RUST_LOG=${RUST_LOG:-info,sluice::access=off} "$rel/sluice" run -c "$tmp/plans.yaml" 2>/dev/null &
 gw_pid=$!; pids+=($gw_pid)
 sleep 2
 for p in plans keyed; do

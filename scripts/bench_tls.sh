@@ -34,7 +34,7 @@ routes:
     match: { path_prefix: / }
     upstream: up
 YAML
-RUST_LOG=${RUST_LOG:-info,sluice::access=off} target/release/sluice run -c "$tmp/sluice.yaml" 2>/dev/null &
+RUST_LOG=${RUST_LOG:-info,sluice::access=off} "$rel/sluice" run -c "$tmp/sluice.yaml" 2>/dev/null &
 sluice_pid=$!; pids+=($sluice_pid)
 
 { nginx_head "$workers"

@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
-# Build the release binaries the way every script here, the Dockerfile and CI do:
-#   scripts/build_release.sh [--strict] [CARGO-ARGS...]
-# target/release/sluice, then target/release/examples/demo_upstream, each in a cargo run of
-# its own: built in one run, the example's dev-dependencies would have cargo unify their
-# features into crates sluice shares with them, changing those crates' `-C metadata` and so
-# every symbol name in the binary, and the committed profile (pgo/sluice.profdata), which
-# LLVM matches to functions by name, would apply to none of sluice's code. Then
-# scripts/pgo_check.sh says whether the profile applies to the binary: a warning when it does
-# not (another toolchain than the one in pgo/sluice.meta, say), an error with --strict.
+# Build the release binaries the way every script here, the Dockerfile and CI do, and print
+# the directory that holds them (cargo's target directory, which CARGO_TARGET_DIR moves):
+#   rel=$(scripts/build_release.sh [--strict] [CARGO-ARGS...])
+# $rel/sluice, then $rel/examples/demo_upstream, each in a cargo run of its own: built in
+# one run, the example's dev-dependencies would have cargo unify their features into crates
+# sluice shares with them, changing those crates' `-C metadata` and so every symbol name in
+# the binary, and the committed profile (pgo/sluice.profdata), which LLVM matches to
+# functions by name, would apply to none of sluice's code. Then scripts/pgo_check.sh says
+# whether the profile applies to the binary: a warning when it does not (another toolchain
+# than the one in pgo/sluice.meta, say), an error with --strict.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/bench_lib.sh
 strict=0
 if [ "${1:-}" = --strict ]; then strict=1; shift; fi
 cargo build --release "$@" --bin sluice
 cargo build --release "$@" --example demo_upstream
-tdir=$(cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-if ! scripts/pgo_check.sh "$tdir/release/sluice" >&2; then
+rel="$(target_dir)/release"
+if ! scripts/pgo_check.sh "$rel/sluice" >&2; then
   [ "$strict" -eq 0 ] || exit 1
   echo "warning: this sluice is built without its profile in effect (made with" \
     "$(sed -n 's/^rustc=//p' pgo/sluice.meta); this is $(rustc -V)): about a quarter more" \
     "instructions per request (docs/performance.md, \"Profile-guided builds\")" >&2
 fi
+echo "$rel"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Does the committed profile apply to a release binary?
-#   scripts/pgo_check.sh [BINARY]     (default target/release/sluice)
+#   scripts/pgo_check.sh [BINARY]     (default: sluice in cargo's target directory)
 # LLVM finds a function's counts by its symbol name, and a Rust symbol's name carries a hash
 # of its crate's `-C metadata`, which cargo derives from the build: the toolchain, every
 # dependency's version and features among other things (a cargo run that also builds an
@@ -14,8 +14,8 @@
 # when their bodies change; LLVM drops the counts of a changed body by its own hash.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=${1:-target/release/sluice}
 . scripts/bench_lib.sh
+bin=${1:-$(target_dir)/release/sluice}
 [ -x "$bin" ] || { echo "$bin not found: scripts/build_release.sh" >&2; exit 1; }
 command -v nm >/dev/null || { echo "nm not found: apt-get install -y binutils" >&2; exit 1; }
 

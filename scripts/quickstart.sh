@@ -3,10 +3,10 @@
 # gateway in the foreground with config/sluice.yaml (embedded store). Ctrl-C stops both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build_release.sh
-target/release/examples/demo_upstream 127.0.0.1:3000 &
+rel=$(scripts/build_release.sh)
+"$rel/examples/demo_upstream" 127.0.0.1:3000 &
 up=$!
 trap 'kill $up 2>/dev/null' EXIT
 exec_status=0
-target/release/sluice run -c config/sluice.yaml --log-format human || exec_status=$?
+"$rel/sluice" run -c config/sluice.yaml --log-format human || exec_status=$?
 exit $exec_status
