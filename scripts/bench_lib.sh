@@ -18,6 +18,25 @@ llvm_profdata() {
 # ./target): the binaries scripts/build_release.sh made, never a stale ./target/release.
 target_dir() { cargo metadata --no-deps --format-version 1 | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p'; }
 
+# What scripts/rustc-pgo compiles release crates with: the committed profile's SHA-256, or
+# `off` (SLUICE_PGO=off, or no profile).
+profile_stamp() {
+  if [ "${SLUICE_PGO:-on}" = off ] || [ ! -f pgo/sluice.profdata ]; then echo off; return; fi
+  sha256sum pgo/sluice.profdata | cut -d' ' -f1
+}
+
+# Cargo does not see the profile the wrapper adds, so it would keep release crates compiled
+# with another profile, or none: start the release directory $1 over unless it was built with
+# this one (its `.sluice-profile`, which `mark_profile` writes after a build, says). A release
+# directory without one was built before that record existed, with no telling which profile.
+clean_if_profile_changed() { # release-dir
+  [ -d "$1" ] || return 0
+  [ "$(cat "$1/.sluice-profile" 2>/dev/null)" != "$(profile_stamp)" ] || return 0
+  echo "$1 was not built with this profile (pgo/sluice.profdata, SLUICE_PGO): cargo clean --release" >&2
+  cargo clean --release --quiet
+}
+mark_profile() { profile_stamp > "$1/.sluice-profile"; } # release-dir
+
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # wrk -t1 -c64 for $dur on a URL: prints "requests_per_second p99_ms".

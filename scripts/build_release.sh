@@ -8,15 +8,19 @@
 # the binary, and the committed profile (pgo/sluice.profdata), which LLVM matches to
 # functions by name, would apply to none of sluice's code. Then scripts/pgo_check.sh says
 # whether the profile applies to the binary: a warning when it does not (another toolchain
-# than the one in pgo/sluice.meta, say), an error with --strict.
+# than the one in pgo/sluice.meta, say), an error with --strict. Release crates built with
+# another profile, or without one (SLUICE_PGO=off), are cleaned away first: cargo does not
+# know the profile is an input of every crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench_lib.sh
 strict=0
 if [ "${1:-}" = --strict ]; then strict=1; shift; fi
+rel="$(target_dir)/release"
+clean_if_profile_changed "$rel"
 cargo build --release "$@" --bin sluice
 cargo build --release "$@" --example demo_upstream
-rel="$(target_dir)/release"
+mark_profile "$rel"
 if ! scripts/pgo_check.sh "$rel/sluice" >&2; then
   [ "$strict" -eq 0 ] || exit 1
   echo "warning: this sluice is built without its profile in effect (made with" \

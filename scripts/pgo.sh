@@ -9,9 +9,9 @@
 # 3. merges what it counted into pgo/sluice.profdata, records the LLVM that wrote it
 #    (pgo/sluice.meta) and the sluice functions it has counts for (pgo/sluice.functions, what
 #    scripts/pgo_check.sh compares a binary with, so that the check needs no llvm-tools).
-# 4. rebuilds the release binaries with it (cargo clean --release: cargo does not see the
-#    profile as an input; then scripts/build_release.sh --strict, which checks that the
-#    profile names the binary's functions).
+# 4. rebuilds the release binaries with it (scripts/build_release.sh --strict, which starts
+#    the release directory over for a new profile and checks that the profile names the
+#    binary's functions).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-3}
@@ -129,6 +129,5 @@ printf 'llvm_major=%s\nrustc=%s\ncommit=%s\n' "$llvm_major" "$(rustc -V)" "$comm
 "$profdata" show --all-functions pgo/sluice.profdata | sluice_functions > pgo/sluice.functions
 echo "wrote pgo/sluice.profdata ($(wc -c < pgo/sluice.profdata) bytes), pgo/sluice.meta and" \
   "pgo/sluice.functions ($(wc -l < pgo/sluice.functions) functions)"
-echo "rebuilding the release binaries with it (cargo clean --release && scripts/build_release.sh)"
-cargo clean --release --quiet
+echo "rebuilding the release binaries with it (scripts/build_release.sh)"
 scripts/build_release.sh --strict --quiet

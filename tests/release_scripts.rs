@@ -1,6 +1,8 @@
 //! The scripts that build and run release binaries (benchmarks, quickstart, soak, the profile
-//! check) find them where cargo put them. A script that ran `target/release/sluice` while
-//! `CARGO_TARGET_DIR` sent the build elsewhere would benchmark a stale binary, or none.
+//! check) find them where cargo put them, and build them with the committed profile. A script
+//! that ran `target/release/sluice` while `CARGO_TARGET_DIR` sent the build elsewhere would
+//! benchmark a stale binary, or none; a release directory built with an older profile would
+//! keep its crates, as cargo does not see the profile.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -9,16 +11,15 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `target_dir` from scripts/bench_lib.sh, run in the project root with `CARGO_TARGET_DIR`
-/// set to `dir`, or unset.
-fn target_dir(dir: Option<&str>) -> String {
+/// `script` after sourcing scripts/bench_lib.sh, in the project root, with `env` set and
+/// `CARGO_TARGET_DIR` and `SLUICE_PGO` unset unless `env` sets them: its output.
+fn lib(script: &str, env: &[(&str, &str)]) -> String {
     let mut cmd = Command::new("bash");
-    cmd.args(["-c", ". scripts/bench_lib.sh && target_dir"])
+    cmd.args(["-c", &format!(". scripts/bench_lib.sh && {script}")])
         .current_dir(root())
-        .env_remove("CARGO_TARGET_DIR");
-    if let Some(d) = dir {
-        cmd.env("CARGO_TARGET_DIR", d);
-    }
+        .env_remove("CARGO_TARGET_DIR")
+        .env_remove("SLUICE_PGO")
+        .envs(env.iter().copied());
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
@@ -32,8 +33,67 @@ fn target_dir(dir: Option<&str>) -> String {
 fn target_dir_is_where_cargo_builds() {
     let elsewhere = tempfile::tempdir().unwrap();
     let elsewhere = elsewhere.path().to_str().unwrap();
-    assert_eq!(target_dir(Some(elsewhere)), elsewhere);
-    assert_eq!(target_dir(None), root().join("target").to_str().unwrap());
+    let env = [("CARGO_TARGET_DIR", elsewhere)];
+    assert_eq!(lib("target_dir", &env), elsewhere);
+    assert_eq!(
+        lib("target_dir", &[]),
+        root().join("target").to_str().unwrap()
+    );
+}
+
+#[test]
+fn the_profile_stamp_is_the_profile_s_hash_or_off() {
+    use sha2::{Digest, Sha256};
+    let profile = std::fs::read(root().join("pgo/sluice.profdata")).unwrap();
+    let hex: String = Sha256::digest(&profile)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert_eq!(lib("profile_stamp", &[]), hex);
+    assert_eq!(lib("profile_stamp", &[("SLUICE_PGO", "off")]), "off");
+}
+
+#[test]
+fn a_release_directory_built_with_another_profile_is_started_over() {
+    let target = tempfile::tempdir().unwrap();
+    let release = target.path().join("release");
+    let env = |pgo: &'static str| {
+        [
+            ("CARGO_TARGET_DIR", target.path().to_str().unwrap()),
+            ("SLUICE_PGO", pgo),
+        ]
+    };
+    let built = || {
+        std::fs::create_dir_all(release.join("deps")).unwrap();
+        std::fs::write(release.join("deps/crate.rlib"), "built").unwrap();
+    };
+    let clean = "clean_if_profile_changed \"$CARGO_TARGET_DIR/release\"";
+    let mark = "mark_profile \"$CARGO_TARGET_DIR/release\"";
+
+    // Built before builds were marked: which profile is unknown.
+    built();
+    lib(clean, &env("on"));
+    assert!(!release.exists(), "an unmarked release directory is kept");
+    // Built and marked with this profile: kept, and kept again.
+    built();
+    lib(mark, &env("on"));
+    lib(clean, &env("on"));
+    lib(clean, &env("on"));
+    assert!(release.join("deps/crate.rlib").is_file());
+    // Now without the profile: the crates built with it go.
+    lib(clean, &env("off"));
+    assert!(
+        !release.exists(),
+        "crates built with the profile kept for SLUICE_PGO=off"
+    );
+    // Marked by another profile.
+    built();
+    std::fs::write(release.join(".sluice-profile"), "0123\n").unwrap();
+    lib(clean, &env("on"));
+    assert!(!release.exists(), "crates built with another profile kept");
+    // Nothing built yet: nothing to do.
+    lib(clean, &env("on"));
+    assert!(!release.exists());
 }
 
 #[test]
@@ -52,5 +112,22 @@ fn no_script_runs_a_binary_from_a_fixed_target_path() {
     // The one place that says where: build_release.sh prints the directory it built into.
     let build = std::fs::read_to_string(root().join("scripts/build_release.sh")).unwrap();
     assert_eq!(build.lines().last(), Some("echo \"$rel\""));
-    assert!(build.contains("rel=\"$(target_dir)/release\""));
+    // The release directory is started over for another profile before anything is built in
+    // it, and marked as built with this one after both builds.
+    let at = |needle: &str| {
+        let lines: Vec<usize> = (build.lines().enumerate())
+            .filter(|(_, l)| l.trim_start().starts_with(needle))
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(lines.len(), 1, "{needle}: {lines:?}");
+        lines[0]
+    };
+    let order = [
+        at("rel=\"$(target_dir)/release\""),
+        at("clean_if_profile_changed \"$rel\""),
+        at("cargo build --release \"$@\" --bin sluice"),
+        at("cargo build --release \"$@\" --example demo_upstream"),
+        at("mark_profile \"$rel\""),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
 }
