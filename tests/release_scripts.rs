@@ -109,13 +109,19 @@ fn no_script_runs_a_binary_from_a_fixed_target_path() {
         }
     }
     assert!(offenders.is_empty(), "{offenders:#?}");
-    // The one place that says where: build_release.sh prints the directory it built into.
+}
+
+/// build_release.sh, the one place that says where the binaries are, prints the directory it
+/// built into; it starts that directory over for another profile before building anything in
+/// it, and marks it as built with this one after both builds.
+#[test]
+fn build_release_cleans_first_marks_last_and_says_where() {
     let build = std::fs::read_to_string(root().join("scripts/build_release.sh")).unwrap();
     assert_eq!(build.lines().last(), Some("echo \"$rel\""));
-    // The release directory is started over for another profile before anything is built in
-    // it, and marked as built with this one after both builds.
     let at = |needle: &str| {
-        let lines: Vec<usize> = (build.lines().enumerate())
+        let lines: Vec<usize> = build
+            .lines()
+            .enumerate()
             .filter(|(_, l)| l.trim_start().starts_with(needle))
             .map(|(n, _)| n)
             .collect();
