@@ -60,7 +60,7 @@ rv=$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')
 ((rv >= 7)) || { echo "redis-server 7 or newer needed (found $(redis-server --version))" >&2; exit 2; }
 
 echo "building (scripts/build_release.sh)..." >&2
-rel=$(scripts/build_release.sh)
+built=$(scripts/build_release.sh)
 
 run=${SOAK_DIR:-$(mktemp -d /tmp/sluice-soak.XXXXXX)}
 if [[ -n ${SOAK_DIR:-} && -d $run && -n $(ls -A "$run") ]]; then
@@ -68,7 +68,7 @@ if [[ -n ${SOAK_DIR:-} && -d $run && -n $(ls -A "$run") ]]; then
 fi
 mkdir -p "$run"/{bin,metrics,exact,faults}
 # Copies: a shared target directory may be rebuilt from another tree while the soak runs.
-cp "$rel/sluice" "$rel/examples/demo_upstream" "$run/bin/"
+cp "$built/sluice" "$built/examples/demo_upstream" "$run/bin/"
 BIN=$run/bin
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -118,11 +118,19 @@ fn no_script_runs_a_binary_from_a_fixed_target_path() {
 
 /// build_release.sh, the one place that says where the binaries are, prints the directory it
 /// built into; it starts that directory over for another profile before building anything in
-/// it, and marks it as built with this one after both builds.
+/// it, builds the binary and the example each in a cargo run of its own (in one, the
+/// example's dev-dependency features would rename the binary's symbols and the profile would
+/// apply to none of them), and marks the directory as built with this profile after both.
 #[test]
 fn build_release_cleans_first_marks_last_and_says_where() {
     let build = std::fs::read_to_string(root().join("scripts/build_release.sh")).unwrap();
     assert_eq!(build.lines().last(), Some("echo \"$rel\""));
+    let runs: Vec<&str> = build
+        .lines()
+        .filter(|l| l.trim_start().starts_with("cargo build"))
+        .collect();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert!(runs[0].ends_with("--bin sluice") && runs[1].ends_with("--example demo_upstream"));
     let at = |needle: &str| {
         let lines: Vec<usize> = build
             .lines()
