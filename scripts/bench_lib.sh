@@ -1,4 +1,4 @@
-# Shared by scripts/build_release.sh, the bench scripts, pgo.sh and pgo_check.sh (sourced, not
+# Shared by scripts/build_release.sh, the bench scripts, soak.sh, pgo.sh and pgo_check.sh (sourced, not
 # run).
 
 # The sluice crate's function symbols in text on stdin (`nm`, `llvm-profdata show`), one

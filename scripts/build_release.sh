@@ -10,12 +10,23 @@
 # whether the profile applies to the binary: a warning when it does not (another toolchain
 # than the one in pgo/sluice.meta, say), an error with --strict. Release crates built with
 # another profile, or without one (SLUICE_PGO=off), are cleaned away first: cargo does not
-# know the profile is an input of every crate.
+# know the profile is an input of every crate. Cargo options that would build somewhere else
+# than the printed directory (--target, --target-dir, --profile, --artifact-dir) are refused:
+# the profile is of this host's build, and the callers run what this prints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/bench_lib.sh
 strict=0
 if [ "${1:-}" = --strict ]; then strict=1; shift; fi
+for a in "$@"; do
+  case "$a" in
+  --target | --target=* | --target-dir | --target-dir=* | --profile | --profile=* | --artifact-dir | --artifact-dir=* | --out-dir | --out-dir=*)
+    echo "build_release.sh: $a builds elsewhere than the release directory this prints" \
+      "(CARGO_TARGET_DIR moves that directory)" >&2
+    exit 2
+    ;;
+  esac
+done
 rel="$(target_dir)/release"
 clean_if_profile_changed "$rel"
 cargo build --release "$@" --bin sluice

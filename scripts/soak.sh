@@ -71,7 +71,7 @@ mkdir -p "$run"/{bin,metrics,exact,faults}
 cp "$built/sluice" "$built/examples/demo_upstream" "$run/bin/"
 BIN=$run/bin
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/bench_lib.sh # free_port
 RP=$(free_port); UP=$(free_port)
 declare -A GWP ADM
 for g in 1 2; do GWP[$g]=$(free_port); ADM[$g]=$(free_port); done

@@ -150,3 +150,39 @@ fn build_release_cleans_first_marks_last_and_says_where() {
     ];
     assert!(order.windows(2).all(|w| w[0] < w[1]), "{order:?}");
 }
+
+/// Cargo options that put the binaries somewhere other than `$(target_dir)/release` are
+/// refused before anything is cleaned or built: the callers would run what the script prints,
+/// a stale binary or none.
+#[test]
+fn build_release_refuses_options_that_build_elsewhere() {
+    for args in [
+        &["--target", "x86_64-unknown-linux-gnu"][..],
+        &["--target=x86_64-unknown-linux-gnu"],
+        &["--quiet", "--target-dir", "/tmp/elsewhere"],
+        &["--strict", "--target-dir=/tmp/elsewhere"],
+        &["--profile", "dev"],
+        &["--profile=release-lto"],
+        &["--artifact-dir", "/tmp/out"],
+        &["--out-dir=/tmp/out"],
+    ] {
+        // An empty target directory: had the script gone on, it would have built into it.
+        let target = tempfile::tempdir().unwrap();
+        let out = Command::new("bash")
+            .arg("scripts/build_release.sh")
+            .args(args)
+            .current_dir(root())
+            .env("CARGO_TARGET_DIR", target.path())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("builds elsewhere"), "{args:?}: {err}");
+        assert!(out.stdout.is_empty(), "{args:?}");
+        assert_eq!(
+            std::fs::read_dir(target.path()).unwrap().count(),
+            0,
+            "{args:?}"
+        );
+    }
+}
