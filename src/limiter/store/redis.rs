@@ -4,7 +4,7 @@
 //! and Sentinel, requests that arrive while a call is in flight share the next call
 //! ([`batch`]): Redis pays its per-call cost once per batch.
 //!
-//! Each worker has a lane of its own: its share of the `pool_size` connections (rounded
+//! Each worker has a [`Lane`] of its own: its share of the `pool_size` connections (rounded
 //! up, at least one), whose tasks run on its runtime, and its own batch queue. A request, its
 //! batch's call and the reply then stay on the worker's thread, as its upstream I/O does;
 //! through one shared pool, a second worker's calls went through the first worker's thread
