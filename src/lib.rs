@@ -18,4 +18,3 @@ pub mod pipeline;
 pub mod runtime;
 pub mod telemetry;
 pub mod tls;
-pub mod worker;

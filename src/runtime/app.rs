@@ -38,18 +38,16 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let local = Arc::new(MemoryStore::new(boot.store.memory_max_keys, Clock::System));
     let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),
-        StoreKind::Redis => {
-            match RedisStore::connect_for(&boot.store.redis, tls.redis.clone(), boot.workers) {
-                Ok(r) => Store::Redis(Arc::new(r)),
-                Err(e) => {
-                    // Config loading already ran these settings through fred (store::redis::validate),
-                    // so this is not expected; if it happens, say so loudly and keep serving on the
-                    // embedded store rather than not at all.
-                    tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
-                    Store::Memory(local.clone())
-                }
+        StoreKind::Redis => match RedisStore::connect(&boot.store.redis, tls.redis.clone()) {
+            Ok(r) => Store::Redis(Arc::new(r)),
+            Err(e) => {
+                // Config loading already ran these settings through fred (store::redis::validate),
+                // so this is not expected; if it happens, say so loudly and keep serving on the
+                // embedded store rather than not at all.
+                tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
+                Store::Memory(local.clone())
             }
-        }
+        },
     };
     let deny =
         (matches!(store, Store::Redis(_)) && boot.store.redis.deny_cache).then(DenyCache::default);
@@ -249,9 +247,8 @@ impl Serving {
 
     /// Worker `index` (from 1): a thread running a single-threaded runtime of its own that
     /// serves `listeners` (clones of the first worker's sockets: every worker accepts from the
-    /// same queue, as nginx's workers do without `reuseport`), with its own idle upstream
-    /// connections and its own Redis connections. Everything else (admin, reload, the
-    /// embedded store's sweeps) stays on the first worker. The receiver completes when it has
+    /// same queue, as nginx's workers do without `reuseport`). Everything else (admin, reload,
+    /// the store's connections) stays on the first worker. The receiver completes when it has
     /// drained.
     fn spawn_worker(
         self,
@@ -266,13 +263,8 @@ impl Serving {
         std::thread::Builder::new()
             .name(format!("sluice-worker-{index}"))
             .spawn(move || {
-                crate::worker::set(index);
+                crate::pipeline::upstream::set_worker(index);
                 rt.block_on(async move {
-                    // This worker's own Redis connections, on this runtime (`store::redis`).
-                    if let Store::Redis(r) = &self.gw.gateway.store {
-                        r.attach_worker(self.gw.boot.store.redis.startup_timeout)
-                            .await;
-                    }
                     let mut data = Vec::with_capacity(listeners.len());
                     for (l, accept) in listeners {
                         match TcpListener::from_std(l) {

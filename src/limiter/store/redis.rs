@@ -4,13 +4,6 @@
 //! and Sentinel, requests that arrive while a call is in flight share the next call
 //! ([`batch`]): Redis pays its per-call cost once per batch.
 //!
-//! Each worker has a [`Lane`] of its own: its share of the `pool_size` connections (rounded
-//! up, at least one), whose tasks run on its runtime, and its own batch queue. A request, its
-//! batch's call and the reply then stay on the worker's thread, as its upstream I/O does;
-//! through one shared pool, a second worker's calls went through the first worker's thread
-//! and back, each hand-over a cross-thread wake-up (an `eventfd` write and the other thread's
-//! return from `epoll_wait`).
-//!
 //! What keeps it honest when Redis misbehaves:
 //! - a decision is sent at most once: `max_command_attempts = 1`, and `fail_fast` so nothing
 //!   queues behind a reconnect (a re-sent decision after a dropped connection would charge
@@ -38,7 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -56,12 +49,7 @@ use crate::model::policy::RedisMode;
 use crate::model::table::RedisSettings;
 
 pub struct RedisStore {
-    /// By worker (`crate::worker`): the first worker's is made with the store, the others'
-    /// by [`RedisStore::attach_worker`] on their own runtimes.
-    lanes: Box<[OnceLock<Lane>]>,
-    /// What another worker's lane is built from.
-    cfg: Config,
-    lane_size: usize,
+    pool: Pool,
     opts: Options,
     timeout: Duration,
     cluster: bool,
@@ -77,38 +65,10 @@ pub struct RedisStore {
     /// Per-process random prefix of call nonces (+ the call id): unique sliding_log members
     /// and concurrency leases across gateways.
     nonce_prefix: String,
-}
-
-/// One worker's connections to Redis and its requests waiting for a script call.
-struct Lane {
-    pool: Pool,
+    /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
+    ever_connected: AtomicBool,
     /// Requests waiting for the next script call (on Cluster, those whose keys share a slot).
     queue: batch::Queue,
-    /// Whether any of its connections has ever been up (see [`RedisStore::client`]).
-    ever_connected: AtomicBool,
-}
-
-impl Lane {
-    /// `size` connections (fred's pool, its tasks spawned on the current runtime) and a queue
-    /// with as many senders; starts connecting in the background.
-    fn connect(cfg: Config, timeout: Duration, size: usize) -> Result<Lane, Error> {
-        let pool = Builder::from_config(cfg)
-            .with_connection_config(|c| {
-                c.max_command_attempts = 1;
-                c.connection_timeout = timeout.max(Duration::from_millis(500));
-                c.internal_command_timeout = Duration::from_secs(2);
-                c.tcp.nodelay = Some(true);
-            })
-            // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
-            .set_policy(ReconnectPolicy::new_constant(0, 100))
-            .build_pool(size)?;
-        pool.connect();
-        Ok(Lane {
-            pool,
-            queue: batch::Queue::new(size),
-            ever_connected: AtomicBool::new(false),
-        })
-    }
 }
 
 /// Build fred's config from ours (URL, mode, seeds, password).
@@ -246,16 +206,6 @@ impl RedisStore {
         s: &RedisSettings,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> Result<RedisStore, StoreError> {
-        Self::connect_for(s, tls, 1)
-    }
-
-    /// [`RedisStore::connect`] for a gateway of `workers` workers: the calling (first)
-    /// worker's lane now, the others' when they start ([`RedisStore::attach_worker`]).
-    pub fn connect_for(
-        s: &RedisSettings,
-        tls: Option<Arc<rustls::ClientConfig>>,
-        workers: usize,
-    ) -> Result<RedisStore, StoreError> {
         let mut cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
         if let Some(tls) = tls {
             // Ours rather than fred's default for `rediss://`: the configured CA and client
@@ -265,20 +215,24 @@ impl RedisStore {
                 hostnames: TlsHostMapping::None,
             });
         }
-        let workers = workers.max(1);
-        let lane_size = s.pool_size.max(1).div_ceil(workers);
-        let first = Lane::connect(cfg.clone(), s.timeout, lane_size)
+        let pool = Builder::from_config(cfg)
+            .with_connection_config(|c| {
+                c.max_command_attempts = 1;
+                c.connection_timeout = s.timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = Duration::from_secs(2);
+                c.tcp.nodelay = Some(true);
+            })
+            // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
+            .set_policy(ReconnectPolicy::new_constant(0, 100))
+            .build_pool(s.pool_size.max(1))
             .map_err(|e| StoreError::Connection(e.to_string()))?;
-        let lanes: Box<[OnceLock<Lane>]> = (0..workers).map(|_| OnceLock::new()).collect();
-        let _ = lanes[0].set(first);
+        pool.connect();
         let random = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one(std::process::id())
         };
         Ok(RedisStore {
-            lanes,
-            cfg,
-            lane_size,
+            pool,
             opts: Options {
                 max_attempts: Some(1),
                 timeout: Some(s.timeout),
@@ -292,58 +246,16 @@ impl RedisStore {
             sha: scripts::sha1_hex(scripts::SCRIPT),
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
+            ever_connected: AtomicBool::new(false),
+            queue: batch::Queue::new(s.pool_size),
         })
-    }
-
-    /// Give the calling worker (`crate::worker`) its lane, its connections' tasks on the
-    /// calling runtime; each worker but the first calls this before it serves. When the first
-    /// worker's connections are up, it waits up to `within` for its own, so that its first
-    /// requests are decided by Redis as the first worker's are; when they are not (Redis down
-    /// at startup), it does not wait, and its requests follow `on_error` as theirs do.
-    pub async fn attach_worker(&self, within: Duration) {
-        let index = crate::worker::index();
-        let Some(slot) = self.lanes.get(index).filter(|l| l.get().is_none()) else {
-            return;
-        };
-        match Lane::connect(self.cfg.clone(), self.timeout, self.lane_size) {
-            Ok(lane) => {
-                let lane = slot.get_or_init(|| lane);
-                if self.first().pool.next_connected().is_connected() {
-                    let _ = tokio::time::timeout(within, lane.pool.wait_for_connect()).await;
-                }
-            }
-            // Built from the settings the first lane was built from, so not expected; this
-            // worker's requests then share the first worker's lane.
-            Err(e) => tracing::error!(
-                worker = index,
-                error = %e,
-                "cannot create this worker's Redis connections; sharing the first worker's"
-            ),
-        }
-    }
-
-    fn first(&self) -> &Lane {
-        self.lanes[0].get().expect("made with the store")
-    }
-
-    /// The calling worker's lane; the first worker's on any other thread, and for a worker
-    /// not (yet) attached.
-    fn lane(&self) -> &Lane {
-        match self
-            .lanes
-            .get(crate::worker::index())
-            .and_then(OnceLock::get)
-        {
-            Some(lane) => lane,
-            None => self.first(),
-        }
     }
 
     /// Wait (up to `within`) until every pooled connection is up and the library (or, where
     /// Redis refuses functions, the script) is loaded: startup waits for this before opening
     /// the data listener, and so does `sluice check --connect`.
     pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
-        match tokio::time::timeout(within, self.first().pool.wait_for_connect()).await {
+        match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
             Ok(Ok(())) => match tokio::time::timeout(within, self.load_up_front()).await {
                 Ok(Ok(())) => self.ping().await,
                 Ok(Err(e)) => Err(store_error(&e)),
@@ -359,7 +271,7 @@ impl RedisStore {
     /// Load the library (on every primary of a cluster), so the first requests need not each
     /// find it missing; where Redis refuses functions, the script for EVALSHA instead.
     async fn load_up_front(&self) -> Result<(), Error> {
-        let client = self.first().pool.next();
+        let client = self.pool.next();
         if self.functions.load(Ordering::Acquire) {
             match client
                 .function_load_cluster::<String, _>(true, self.library.code.as_str())
@@ -392,23 +304,15 @@ impl RedisStore {
     /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
     /// instead of by `on_error`.
     async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        self.client_of(self.lane()).await
-    }
-
-    /// [`RedisStore::client`] from `lane`'s connections.
-    async fn client_of(
-        &self,
-        lane: &Lane,
-    ) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        let mut client = lane.pool.next_connected();
-        if !client.is_connected() && !lane.ever_connected.load(Ordering::Acquire) {
-            let _ = lane.pool.wait_for_connect().await;
-            client = lane.pool.next_connected();
+        let mut client = self.pool.next_connected();
+        if !client.is_connected() && !self.ever_connected.load(Ordering::Acquire) {
+            let _ = self.pool.wait_for_connect().await;
+            client = self.pool.next_connected();
         }
         if !client.is_connected() {
             return Err(StoreError::Connection("not connected to redis".into()));
         }
-        lane.ever_connected.store(true, Ordering::Release);
+        self.ever_connected.store(true, Ordering::Release);
         Ok(client.with_options(&self.opts))
     }
 
@@ -536,7 +440,7 @@ impl RedisStore {
     /// Connected and not failing: what the deny cache asks before answering for this store
     /// (while Redis is down, requests follow `on_error`, not remembered refusals).
     pub fn healthy(&self) -> bool {
-        !self.breaker.is_open() && self.lane().pool.next_connected().is_connected()
+        !self.breaker.is_open() && self.pool.next_connected().is_connected()
     }
 
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
@@ -578,7 +482,7 @@ impl RedisStore {
             slot,
             answer,
         };
-        if self.lane().queue.push(job) {
+        if self.queue.push(job) {
             let me = self.clone();
             tokio::spawn(async move { me.send_queued().await });
         }
@@ -586,14 +490,12 @@ impl RedisStore {
             .unwrap_or_else(|_| Err(StoreError::Connection("decision call dropped".into())))
     }
 
-    /// A sender: one script call for everything queued, until the queue is empty. It runs
-    /// on the worker that started it, whose lane that queue is.
+    /// A sender: one script call for everything queued, until the queue is empty.
     async fn send_queued(self: Arc<Self>) {
-        let lane = self.lane();
         loop {
-            let jobs = lane.queue.take();
+            let jobs = self.queue.take();
             if jobs.is_empty() {
-                if lane.queue.finish() {
+                if self.queue.finish() {
                     continue;
                 }
                 return;
