@@ -1,5 +1,5 @@
-# Shared by scripts/build_release.sh, the bench scripts, soak.sh, pgo.sh and pgo_check.sh (sourced, not
-# run).
+# Shared by scripts/build_release.sh, the bench scripts, soak.sh, pgo.sh and pgo_check.sh
+# (sourced, not run).
 
 # The sluice crate's function symbols in text on stdin (`nm`, `llvm-profdata show`), one
 # per line, sorted: what scripts/pgo_check.sh compares between a binary and the profile.

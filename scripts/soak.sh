@@ -30,6 +30,7 @@
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/.."
+. scripts/bench_lib.sh # free_port
 
 D=${1:-75}
 [[ $D =~ ^[0-9]+$ ]] && ((D >= 60)) || { echo "usage: $0 [DURATION_SECONDS >= 60]" >&2; exit 2; }
@@ -71,7 +72,6 @@ mkdir -p "$run"/{bin,metrics,exact,faults}
 cp "$built/sluice" "$built/examples/demo_upstream" "$run/bin/"
 BIN=$run/bin
 
-. scripts/bench_lib.sh # free_port
 RP=$(free_port); UP=$(free_port)
 declare -A GWP ADM
 for g in 1 2; do GWP[$g]=$(free_port); ADM[$g]=$(free_port); done
