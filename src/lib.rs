@@ -18,3 +18,4 @@ pub mod pipeline;
 pub mod runtime;
 pub mod telemetry;
 pub mod tls;
+pub mod worker;

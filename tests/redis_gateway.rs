@@ -420,6 +420,81 @@ async fn several_gateways_share_one_exact_limit() {
     );
 }
 
+/// Each worker decides over Redis connections of its own, its share of `pool_size` rounded
+/// up: with two workers and `pool_size: 3`, four connections, every one of them carrying
+/// script calls; with one worker, exactly three. Either way one limit stays exact for
+/// hundreds of concurrent requests spread over the workers.
+#[tokio::test]
+async fn each_worker_decides_over_connections_of_its_own() {
+    let up = Upstream::start();
+    let limit = "{ name: shared, by: route, algorithm: token_bucket, rate: 10/1h }";
+    for (workers, pool_size, connections) in [(2, 3, 4), (1, 3, 3)] {
+        let redis = RedisServer::start();
+        let store = standalone(&redis, "3s", pool_size).replace(" }", ", deny_cache: false }");
+        let yaml = format!(
+            "workers: {workers}\n{}",
+            config(&store, "deny", &up, &[route("tb", "", &[limit])])
+        );
+        let s = Sluice::start(&yaml);
+        let c = client();
+        wait_store(&c, &s).await;
+        // Startup waited for every worker's connections, not only the first worker's.
+        let list = redis.conn().cmd_ok(&["CLIENT", "LIST"]).as_str();
+        assert_eq!(
+            gateway_connections(&list).len(),
+            connections,
+            "connections when ready: workers: {workers}, pool_size: {pool_size}\n{list}"
+        );
+        // Many client connections at once: new connections go to the worker holding fewest.
+        let clients: Vec<HttpClient> = (0..16).map(|_| client()).collect();
+        let tasks: Vec<_> = (0..200)
+            .map(|i| {
+                let (c, url) = (clients[i % clients.len()].clone(), s.url("/tb"));
+                tokio::spawn(async move { get(&c, &url, &[]).await.status.as_u16() })
+            })
+            .collect();
+        let mut by_status: BTreeMap<u16, usize> = BTreeMap::new();
+        for t in tasks {
+            *by_status.entry(t.await.unwrap()).or_default() += 1;
+        }
+        assert_eq!(
+            by_status,
+            [(200, 10), (429, 190)].into(),
+            "workers: {workers}\n{}",
+            log_of(&s)
+        );
+        // The clients' connections are still open: every worker served some of them.
+        let text = s.metrics(&c).await;
+        for w in 1..=workers {
+            let open = metric(
+                &text,
+                "sluice_connections_open",
+                &[("worker", &w.to_string())],
+            );
+            assert!(open > 0.0, "worker {w} served no connection:\n{text}");
+        }
+
+        let list = redis.conn().cmd_ok(&["CLIENT", "LIST"]).as_str();
+        let gateway = gateway_connections(&list);
+        assert_eq!(
+            gateway.len(),
+            connections,
+            "workers: {workers}, pool_size: {pool_size}\n{list}"
+        );
+        assert!(
+            gateway.iter().all(|l| l.contains("cmd=fcall")),
+            "a connection that carried no decision: workers: {workers}\n{list}"
+        );
+    }
+}
+
+/// The lines of a `CLIENT LIST` answer but the connection asking.
+fn gateway_connections(list: &str) -> Vec<&str> {
+    list.lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .collect()
+}
+
 /// Trap 2: a gateway one hour ahead (libfaketime) and a normal one share a sliding log of
 /// 5/1m: together they admit exactly 5, and their Retry-After values agree.
 #[tokio::test]

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
+use tokio::sync::oneshot;
 use tokio_rustls::TlsAcceptor;
 
 use super::spread::{Share, Spread};
@@ -38,16 +39,18 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let local = Arc::new(MemoryStore::new(boot.store.memory_max_keys, Clock::System));
     let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),
-        StoreKind::Redis => match RedisStore::connect(&boot.store.redis, tls.redis.clone()) {
-            Ok(r) => Store::Redis(Arc::new(r)),
-            Err(e) => {
-                // Config loading already ran these settings through fred (store::redis::validate),
-                // so this is not expected; if it happens, say so loudly and keep serving on the
-                // embedded store rather than not at all.
-                tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
-                Store::Memory(local.clone())
+        StoreKind::Redis => {
+            match RedisStore::connect_for(&boot.store.redis, tls.redis.clone(), boot.workers) {
+                Ok(r) => Store::Redis(Arc::new(r)),
+                Err(e) => {
+                    // Config loading already ran these settings through fred (store::redis::validate),
+                    // so this is not expected; if it happens, say so loudly and keep serving on the
+                    // embedded store rather than not at all.
+                    tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
+                    Store::Memory(local.clone())
+                }
             }
-        },
+        }
     };
     let deny =
         (matches!(store, Store::Redis(_)) && boot.store.redis.deny_cache).then(DenyCache::default);
@@ -99,6 +102,29 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         Duration::from_secs(1),
         None,
     ));
+
+    // Workers 2..N start now, so that what each needs of its own before it serves (its Redis
+    // connections, `store::redis`) is part of what startup waits for below; they get their
+    // listeners once those are bound.
+    let serving = Serving {
+        gw: gw.clone(),
+        header_timeout,
+        drain,
+        stop: stop_rx.clone(),
+    };
+    let mut workers = Vec::with_capacity(gw.boot.workers.saturating_sub(1));
+    for index in 1..gw.boot.workers {
+        match serving.clone().spawn_worker(index) {
+            Ok(w) => workers.push(w),
+            Err(e) => {
+                tracing::error!(worker = index, error = %e, "cannot start a worker");
+                return 1;
+            }
+        }
+    }
+    for w in &mut workers {
+        let _ = (&mut w.attached).await;
+    }
 
     // The data listener opens only once the store is ready (connected, script loaded): a
     // request that arrives the instant the port accepts is decided by the store like every
@@ -162,14 +188,8 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         }
     });
 
-    // Workers 2..N serve clones of the same listening sockets on threads of their own, and
-    // every listener's connections are spread over the workers.
-    let serving = Serving {
-        gw: gw.clone(),
-        header_timeout,
-        drain,
-        stop: stop_rx.clone(),
-    };
+    // Workers 2..N serve clones of the same listening sockets, and every listener's
+    // connections are spread over the workers.
     let open = gw.metrics.connections(gw.boot.workers);
     let mut shares: Vec<_> = data
         .iter()
@@ -178,12 +198,13 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let mut take_shares =
         || -> Vec<Share> { shares.iter_mut().filter_map(Iterator::next).collect() };
     let first = take_shares();
-    let mut others = Vec::new();
-    for index in 1..gw.boot.workers {
-        let started = clone_listeners(&data)
-            .and_then(|l| serving.clone().spawn_worker(index, l, take_shares()));
-        match started {
-            Ok(done) => others.push(done),
+    let mut others = Vec::with_capacity(workers.len());
+    for (w, index) in workers.into_iter().zip(1..) {
+        match clone_listeners(&data) {
+            Ok(l) => {
+                let _ = w.listeners.send((l, take_shares()));
+                others.push(w.done);
+            }
             Err(e) => {
                 tracing::error!(worker = index, error = %e, "cannot start a worker");
                 return 1;
@@ -245,26 +266,32 @@ impl Serving {
             .collect()
     }
 
-    /// Worker `index` (from 1): a thread running a single-threaded runtime of its own that
-    /// serves `listeners` (clones of the first worker's sockets: every worker accepts from the
-    /// same queue, as nginx's workers do without `reuseport`). Everything else (admin, reload,
-    /// the store's connections) stays on the first worker. The receiver completes when it has
-    /// drained.
-    fn spawn_worker(
-        self,
-        index: usize,
-        listeners: Vec<(std::net::TcpListener, server::Accept)>,
-        shares: Vec<Share>,
-    ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
+    /// Worker `index` (from 1): a thread running a single-threaded runtime of its own. It
+    /// first attaches its own Redis connections (then `attached` completes), and once handed
+    /// its `listeners` (clones of the first worker's sockets: every worker accepts from the
+    /// same queue, as nginx's workers do without `reuseport`) serves them with its own idle
+    /// upstream connections. Everything else (admin, reload, the embedded store's sweeps)
+    /// stays on the first worker.
+    fn spawn_worker(self, index: usize) -> std::io::Result<Worker> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        let (done, finished) = tokio::sync::oneshot::channel();
+        let (attached_tx, attached) = oneshot::channel();
+        let (listeners, handed) = oneshot::channel::<Handed>();
+        let (done_tx, done) = oneshot::channel();
         std::thread::Builder::new()
             .name(format!("sluice-worker-{index}"))
             .spawn(move || {
-                crate::pipeline::upstream::set_worker(index);
+                crate::worker::set(index);
                 rt.block_on(async move {
+                    if let Store::Redis(r) = &self.gw.gateway.store {
+                        r.attach_worker();
+                    }
+                    let _ = attached_tx.send(());
+                    // Dropped unsent when the start fails: nothing to serve.
+                    let Ok((listeners, shares)) = handed.await else {
+                        return;
+                    };
                     let mut data = Vec::with_capacity(listeners.len());
                     for (l, accept) in listeners {
                         match TcpListener::from_std(l) {
@@ -276,10 +303,27 @@ impl Serving {
                         let _ = t.await;
                     }
                 });
-                let _ = done.send(());
+                let _ = done_tx.send(());
             })?;
-        Ok(finished)
+        Ok(Worker {
+            attached,
+            listeners,
+            done,
+        })
     }
+}
+
+/// A worker's listening sockets and its share of each one's connections.
+type Handed = (Vec<(std::net::TcpListener, server::Accept)>, Vec<Share>);
+
+/// A started worker thread (`Serving::spawn_worker`).
+struct Worker {
+    /// Completes once its own Redis connections are attached (connecting).
+    attached: oneshot::Receiver<()>,
+    /// Hands it what to serve.
+    listeners: oneshot::Sender<Handed>,
+    /// Completes when it has drained.
+    done: oneshot::Receiver<()>,
 }
 
 /// Each data listener's socket again (same accept queue), for another worker's runtime.

@@ -4,6 +4,13 @@
 //! and Sentinel, requests that arrive while a call is in flight share the next call
 //! ([`batch`]): Redis pays its per-call cost once per batch.
 //!
+//! Each worker has a lane of its own: its share of the `pool_size` connections (rounded
+//! up, at least one), whose tasks run on its runtime, and its own batch queue. A request, its
+//! batch's call and the reply then stay on the worker's thread, as its upstream I/O does;
+//! through one shared pool, a second worker's calls went through the first worker's thread
+//! and back, each hand-over a cross-thread wake-up (an `eventfd` write and the other thread's
+//! return from `epoll_wait`).
+//!
 //! What keeps it honest when Redis misbehaves:
 //! - a decision is sent at most once: `max_command_attempts = 1`, and `fail_fast` so nothing
 //!   queues behind a reconnect (a re-sent decision after a dropped connection would charge
@@ -31,7 +38,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use fred::prelude::*;
@@ -49,7 +56,12 @@ use crate::model::policy::RedisMode;
 use crate::model::table::RedisSettings;
 
 pub struct RedisStore {
-    pool: Pool,
+    /// By worker (`crate::worker`): the first worker's is made with the store, the others'
+    /// by [`RedisStore::attach_worker`] on their own runtimes.
+    lanes: Box<[OnceLock<Lane>]>,
+    /// What another worker's lane is built from.
+    cfg: Config,
+    lane_size: usize,
     opts: Options,
     timeout: Duration,
     cluster: bool,
@@ -65,10 +77,38 @@ pub struct RedisStore {
     /// Per-process random prefix of call nonces (+ the call id): unique sliding_log members
     /// and concurrency leases across gateways.
     nonce_prefix: String,
-    /// Whether any pooled connection has ever been up (see [`RedisStore::client`]).
-    ever_connected: AtomicBool,
+}
+
+/// One worker's connections to Redis and its requests waiting for a script call.
+struct Lane {
+    pool: Pool,
     /// Requests waiting for the next script call (on Cluster, those whose keys share a slot).
     queue: batch::Queue,
+    /// Whether any of its connections has ever been up (see [`RedisStore::client`]).
+    ever_connected: AtomicBool,
+}
+
+impl Lane {
+    /// `size` connections (fred's pool, its tasks spawned on the current runtime) and a queue
+    /// with as many senders; starts connecting in the background.
+    fn connect(cfg: Config, timeout: Duration, size: usize) -> Result<Lane, Error> {
+        let pool = Builder::from_config(cfg)
+            .with_connection_config(|c| {
+                c.max_command_attempts = 1;
+                c.connection_timeout = timeout.max(Duration::from_millis(500));
+                c.internal_command_timeout = Duration::from_secs(2);
+                c.tcp.nodelay = Some(true);
+            })
+            // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
+            .set_policy(ReconnectPolicy::new_constant(0, 100))
+            .build_pool(size)?;
+        pool.connect();
+        Ok(Lane {
+            pool,
+            queue: batch::Queue::new(size),
+            ever_connected: AtomicBool::new(false),
+        })
+    }
 }
 
 /// Build fred's config from ours (URL, mode, seeds, password).
@@ -206,6 +246,16 @@ impl RedisStore {
         s: &RedisSettings,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> Result<RedisStore, StoreError> {
+        Self::connect_for(s, tls, 1)
+    }
+
+    /// [`RedisStore::connect`] for a gateway of `workers` workers: the calling (first)
+    /// worker's lane now, the others' when they start ([`RedisStore::attach_worker`]).
+    pub fn connect_for(
+        s: &RedisSettings,
+        tls: Option<Arc<rustls::ClientConfig>>,
+        workers: usize,
+    ) -> Result<RedisStore, StoreError> {
         let mut cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
         if let Some(tls) = tls {
             // Ours rather than fred's default for `rediss://`: the configured CA and client
@@ -215,24 +265,20 @@ impl RedisStore {
                 hostnames: TlsHostMapping::None,
             });
         }
-        let pool = Builder::from_config(cfg)
-            .with_connection_config(|c| {
-                c.max_command_attempts = 1;
-                c.connection_timeout = s.timeout.max(Duration::from_millis(500));
-                c.internal_command_timeout = Duration::from_secs(2);
-                c.tcp.nodelay = Some(true);
-            })
-            // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
-            .set_policy(ReconnectPolicy::new_constant(0, 100))
-            .build_pool(s.pool_size.max(1))
+        let workers = workers.max(1);
+        let lane_size = s.pool_size.max(1).div_ceil(workers);
+        let first = Lane::connect(cfg.clone(), s.timeout, lane_size)
             .map_err(|e| StoreError::Connection(e.to_string()))?;
-        pool.connect();
+        let lanes: Box<[OnceLock<Lane>]> = (0..workers).map(|_| OnceLock::new()).collect();
+        let _ = lanes[0].set(first);
         let random = {
             use std::hash::{BuildHasher, RandomState};
             RandomState::new().hash_one(std::process::id())
         };
         Ok(RedisStore {
-            pool,
+            lanes,
+            cfg,
+            lane_size,
             opts: Options {
                 max_attempts: Some(1),
                 timeout: Some(s.timeout),
@@ -246,16 +292,60 @@ impl RedisStore {
             sha: scripts::sha1_hex(scripts::SCRIPT),
             breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
-            ever_connected: AtomicBool::new(false),
-            queue: batch::Queue::new(s.pool_size),
         })
     }
 
-    /// Wait (up to `within`) until every pooled connection is up and the library (or, where
-    /// Redis refuses functions, the script) is loaded: startup waits for this before opening
-    /// the data listener, and so does `sluice check --connect`.
+    /// Give the calling worker (`crate::worker`) its lane: its connections' tasks on the
+    /// calling runtime, connecting in the background. Each worker but the first calls this
+    /// before the store is waited for ([`RedisStore::wait_connected`] covers every attached
+    /// lane), so no worker serves while its own connections are still being set up.
+    pub fn attach_worker(&self) {
+        let index = crate::worker::index();
+        let Some(slot) = self.lanes.get(index).filter(|l| l.get().is_none()) else {
+            return;
+        };
+        match Lane::connect(self.cfg.clone(), self.timeout, self.lane_size) {
+            Ok(lane) => {
+                let _ = slot.set(lane);
+            }
+            // Built from the settings the first lane was built from, so not expected; this
+            // worker's requests then share the first worker's lane.
+            Err(e) => tracing::error!(
+                worker = index,
+                error = %e,
+                "cannot create this worker's Redis connections; sharing the first worker's"
+            ),
+        }
+    }
+
+    fn first(&self) -> &Lane {
+        self.lanes[0].get().expect("made with the store")
+    }
+
+    /// The calling worker's lane; the first worker's on any other thread, and for a worker
+    /// not (yet) attached.
+    fn lane(&self) -> &Lane {
+        match self
+            .lanes
+            .get(crate::worker::index())
+            .and_then(OnceLock::get)
+        {
+            Some(lane) => lane,
+            None => self.first(),
+        }
+    }
+
+    /// Wait (up to `within`) until every connection of every attached worker's lane is up and
+    /// the library (or, where Redis refuses functions, the script) is loaded: startup waits
+    /// for this before opening the data listener, and so does `sluice check --connect`.
     pub async fn wait_connected(&self, within: Duration) -> Result<(), StoreError> {
-        match tokio::time::timeout(within, self.pool.wait_for_connect()).await {
+        let every_lane = async {
+            for lane in self.lanes.iter().filter_map(OnceLock::get) {
+                lane.pool.wait_for_connect().await?;
+            }
+            Ok::<(), Error>(())
+        };
+        match tokio::time::timeout(within, every_lane).await {
             Ok(Ok(())) => match tokio::time::timeout(within, self.load_up_front()).await {
                 Ok(Ok(())) => self.ping().await,
                 Ok(Err(e)) => Err(store_error(&e)),
@@ -271,7 +361,7 @@ impl RedisStore {
     /// Load the library (on every primary of a cluster), so the first requests need not each
     /// find it missing; where Redis refuses functions, the script for EVALSHA instead.
     async fn load_up_front(&self) -> Result<(), Error> {
-        let client = self.pool.next();
+        let client = self.first().pool.next();
         if self.functions.load(Ordering::Acquire) {
             match client
                 .function_load_cluster::<String, _>(true, self.library.code.as_str())
@@ -294,25 +384,26 @@ impl RedisStore {
         }
     }
 
-    /// A connected pooled client, or a connection error right away. A command handed to a
-    /// client that is still (re)connecting would be queued and sent once it connects, long
-    /// after its request was answered by the policy: a late charge for a request that was
-    /// never decided. Not sending it at all is the only safe choice.
+    /// A connected client of the calling worker's lane, or a connection error right away. A
+    /// command handed to a client that is still (re)connecting would be queued and sent once
+    /// it connects, long after its request was answered by the policy: a late charge for a
+    /// request that was never decided. Not sending it at all is the only safe choice.
     ///
-    /// The one exception is a pool that has never been connected since the process started:
+    /// The one exception is a lane that has never been connected since the process started:
     /// nothing was ever sent on it, so nothing can be sent twice, and waiting for it (bounded
     /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
     /// instead of by `on_error`.
     async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        let mut client = self.pool.next_connected();
-        if !client.is_connected() && !self.ever_connected.load(Ordering::Acquire) {
-            let _ = self.pool.wait_for_connect().await;
-            client = self.pool.next_connected();
+        let lane = self.lane();
+        let mut client = lane.pool.next_connected();
+        if !client.is_connected() && !lane.ever_connected.load(Ordering::Acquire) {
+            let _ = lane.pool.wait_for_connect().await;
+            client = lane.pool.next_connected();
         }
         if !client.is_connected() {
             return Err(StoreError::Connection("not connected to redis".into()));
         }
-        self.ever_connected.store(true, Ordering::Release);
+        lane.ever_connected.store(true, Ordering::Release);
         Ok(client.with_options(&self.opts))
     }
 
@@ -440,7 +531,7 @@ impl RedisStore {
     /// Connected and not failing: what the deny cache asks before answering for this store
     /// (while Redis is down, requests follow `on_error`, not remembered refusals).
     pub fn healthy(&self) -> bool {
-        !self.breaker.is_open() && self.pool.next_connected().is_connected()
+        !self.breaker.is_open() && self.lane().pool.next_connected().is_connected()
     }
 
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
@@ -482,7 +573,7 @@ impl RedisStore {
             slot,
             answer,
         };
-        if self.queue.push(job) {
+        if self.lane().queue.push(job) {
             let me = self.clone();
             tokio::spawn(async move { me.send_queued().await });
         }
@@ -490,12 +581,14 @@ impl RedisStore {
             .unwrap_or_else(|_| Err(StoreError::Connection("decision call dropped".into())))
     }
 
-    /// A sender: one script call for everything queued, until the queue is empty.
+    /// A sender: one script call for everything queued, until the queue is empty. It runs
+    /// on the worker that started it, whose lane that queue is.
     async fn send_queued(self: Arc<Self>) {
+        let lane = self.lane();
         loop {
-            let jobs = self.queue.take();
+            let jobs = lane.queue.take();
             if jobs.is_empty() {
-                if self.queue.finish() {
+                if lane.queue.finish() {
                     continue;
                 }
                 return;

@@ -19,7 +19,7 @@ use parking_lot::Mutex;
 use rustls::pki_types::ServerName;
 use tokio_rustls::TlsConnector;
 
-pub use pool::{set_worker, Streamed};
+pub use pool::Streamed;
 use pool::{Connector, Dest, Pool, SendError};
 
 use crate::model::table::UpstreamSpec;

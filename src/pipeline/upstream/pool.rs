@@ -41,21 +41,6 @@ use tokio_rustls::TlsConnector;
 
 use super::ReplayBody;
 
-thread_local! {
-    /// The worker this thread serves (0 unless [`set_worker`] said otherwise).
-    static WORKER: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// Mark this thread as worker `index`: idle connections are reused by the worker that opened
-/// them. Called once by each worker thread before it serves.
-pub fn set_worker(index: usize) {
-    WORKER.with(|w| w.set(index));
-}
-
-fn worker() -> usize {
-    WORKER.with(|w| w.get())
-}
-
 /// How long an unused connection is kept (hyper-util's default, kept when the gateway moved
 /// to its own pool). Older ones are closed when their target's list is next touched.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -206,7 +191,7 @@ impl Pool {
     /// This worker's most recently used connection of `target` that is ready for a request,
     /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`] at `now`).
     fn checkout(&self, target: usize, now: Instant) -> Option<SendRequest<ReplayBody>> {
-        let mut list = self.idle(target, worker()).lock();
+        let mut list = self.idle(target, crate::worker::index()).lock();
         prune(&mut list, now);
         while let Some(idle) = list.pop() {
             if idle.send.is_ready() {
@@ -227,7 +212,7 @@ impl Pool {
             pool: self.clone(),
             target,
             send,
-            worker: worker(),
+            worker: crate::worker::index(),
         });
         res.map(|body| Streamed { body, lent })
     }
