@@ -792,15 +792,27 @@ impl RedisStore {
         .await
     }
 
-    /// PING, bounded by `timeout`; it also serves as a breaker probe.
+    /// PING over every attached worker's lane, bounded by `timeout` in all; it also serves
+    /// as a breaker probe. Every lane: a worker whose connections are down decides its
+    /// requests by `on_error`, so the gateway is not ready while any is.
     pub async fn ping(&self) -> Result<(), StoreError> {
         let ping = async {
-            self.client()
-                .await?
-                .ping::<String>(None)
-                .await
-                .map(|_| ())
-                .map_err(|e| store_error(&e))
+            // Workers counted from 1, as in `sluice_connections_open`.
+            for (worker, lane) in (1..).zip(self.lanes.iter()) {
+                let Some(lane) = lane.get() else { continue };
+                let client = lane.pool.next_connected();
+                if !client.is_connected() {
+                    return Err(StoreError::Connection(format!(
+                        "worker {worker}: not connected to redis"
+                    )));
+                }
+                client
+                    .with_options(&self.opts)
+                    .ping::<String>(None)
+                    .await
+                    .map_err(|e| store_error(&e))?;
+            }
+            Ok(())
         };
         let r = tokio::time::timeout(self.timeout, ping)
             .await
