@@ -525,6 +525,69 @@ async fn readyz_needs_every_workers_redis_connections() {
     assert_eq!(gateway_connections(&list).len(), 2, "{list}");
 }
 
+/// Each worker has a breaker of its own: with room in Redis for one worker's connection of
+/// two, the worker without one trips its breaker (its requests then fail fast, by
+/// `on_error`) while the other keeps deciding by Redis, its successes neither resetting the
+/// first's failures nor being refused by its open breaker. Each client connection stays on
+/// the worker that accepted it, so it sees 200s only or 503s only.
+#[tokio::test]
+async fn a_worker_without_redis_trips_only_its_own_breaker() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let mut conn = redis.conn();
+    conn.cmd_ok(&["CONFIG", "SET", "maxclients", "2"]);
+    let limit = "{ name: k, by: route, algorithm: token_bucket, rate: 1000000/1h }";
+    let store = standalone(&redis, "100ms", 2).replace(" }", ", startup_timeout: 1s }");
+    let yaml = format!(
+        "workers: 2\n{}",
+        config(&store, "deny", &up, &[route("tb", "", &[limit])])
+    );
+    let s = Sluice::start(&yaml);
+    s.wait_log(&["store not ready within startup_timeout"]);
+
+    // Eight client connections (spread over the two workers), each sending one request after
+    // another for 2 s: the healthy worker's successes interleave with the other's failures.
+    let until = Instant::now() + Duration::from_secs(2);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (c, url) = (client(), s.url("/tb"));
+            tokio::spawn(async move {
+                let mut seen: BTreeMap<u16, usize> = BTreeMap::new();
+                while Instant::now() < until {
+                    *seen
+                        .entry(get(&c, &url, &[]).await.status.as_u16())
+                        .or_default() += 1;
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut per_client = Vec::new();
+    for t in tasks {
+        per_client.push(t.await.unwrap());
+    }
+    let text = s.metrics(&client()).await;
+    let by_status = |code: u16| per_client.iter().filter(|m| m.contains_key(&code)).count();
+    assert!(
+        per_client.iter().all(|m| m.len() == 1),
+        "a client saw both answers (or another): {per_client:?}\n{}",
+        log_of(&s)
+    );
+    assert!(
+        by_status(200) > 0 && by_status(503) > 0,
+        "one worker decides by Redis, the other by on_error: {per_client:?}"
+    );
+    let open = metric(
+        &text,
+        "sluice_store_errors_total",
+        &[("kind", "breaker_open")],
+    );
+    assert!(
+        open > 0.0,
+        "the worker without Redis never tripped its breaker: {per_client:?}\n{text}"
+    );
+}
+
 /// The lines of a `CLIENT LIST` answer but the connection asking.
 fn gateway_connections(list: &str) -> Vec<&str> {
     list.lines()

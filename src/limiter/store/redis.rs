@@ -73,7 +73,6 @@ pub struct RedisStore {
     functions: AtomicBool,
     /// SHA-1 of the script, for EVALSHA.
     sha: String,
-    breaker: Breaker,
     /// Per-process random prefix of call nonces (+ the call id): unique sliding_log members
     /// and concurrency leases across gateways.
     nonce_prefix: String,
@@ -86,6 +85,9 @@ struct Lane {
     queue: batch::Queue,
     /// Whether any of its connections has ever been up (see [`RedisStore::client`]).
     ever_connected: AtomicBool,
+    /// Its own: a worker whose connections fail must not open the breaker for workers whose
+    /// connections answer, nor their successes keep its failures from opening it.
+    breaker: Breaker,
 }
 
 impl Lane {
@@ -107,6 +109,7 @@ impl Lane {
             pool,
             queue: batch::Queue::new(size),
             ever_connected: AtomicBool::new(false),
+            breaker: Breaker::default(),
         })
     }
 }
@@ -290,7 +293,6 @@ impl RedisStore {
             library: scripts::Library::new(),
             functions: AtomicBool::new(true),
             sha: scripts::sha1_hex(scripts::SCRIPT),
-            breaker: Breaker::default(),
             nonce_prefix: format!("{random:016x}"),
         })
     }
@@ -531,7 +533,8 @@ impl RedisStore {
     /// Connected and not failing: what the deny cache asks before answering for this store
     /// (while Redis is down, requests follow `on_error`, not remembered refusals).
     pub fn healthy(&self) -> bool {
-        !self.breaker.is_open() && self.lane().pool.next_connected().is_connected()
+        let lane = self.lane();
+        !lane.breaker.is_open() && lane.pool.next_connected().is_connected()
     }
 
     /// Decide all limits of one request, bounded by `timeout`, behind the breaker.
@@ -748,12 +751,13 @@ impl RedisStore {
         &self,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        self.breaker.admit()?;
+        // The calling worker's, whose lane `fut` uses.
+        let breaker = &self.lane().breaker;
+        breaker.admit()?;
         let r = tokio::time::timeout(self.timeout, fut)
             .await
             .unwrap_or(Err(StoreError::Timeout));
-        self.breaker
-            .record(&r.as_ref().map(|_| ()).map_err(Clone::clone));
+        breaker.record(&r.as_ref().map(|_| ()).map_err(Clone::clone));
         r
     }
 
@@ -792,33 +796,44 @@ impl RedisStore {
         .await
     }
 
-    /// PING over every attached worker's lane, bounded by `timeout` in all; it also serves
-    /// as a breaker probe. Every lane: a worker whose connections are down decides its
-    /// requests by `on_error`, so the gateway is not ready while any is.
+    /// PING over every attached worker's lane at once, each bounded by `timeout`; each also
+    /// serves as a probe of that lane's breaker. Every lane: a worker whose connections are
+    /// down decides its requests by `on_error`, so the gateway is not ready while any is.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let ping = async {
-            // Workers counted from 1, as in `sluice_connections_open`.
-            for (worker, lane) in (1..).zip(self.lanes.iter()) {
-                let Some(lane) = lane.get() else { continue };
-                let client = lane.pool.next_connected();
-                if !client.is_connected() {
-                    return Err(StoreError::Connection(format!(
-                        "worker {worker}: not connected to redis"
-                    )));
-                }
-                client
-                    .with_options(&self.opts)
-                    .ping::<String>(None)
+        let lanes = self.lanes.iter().map(OnceLock::get);
+        // Workers counted from 1, as in `sluice_connections_open`.
+        let pings = (1..).zip(lanes).filter_map(|(worker, lane)| {
+            let lane = lane?;
+            Some(async move {
+                let r = tokio::time::timeout(self.timeout, self.ping_lane(lane))
                     .await
-                    .map_err(|e| store_error(&e))?;
-            }
-            Ok(())
-        };
-        let r = tokio::time::timeout(self.timeout, ping)
+                    .unwrap_or(Err(StoreError::Timeout));
+                lane.breaker.record(&r);
+                r.map_err(|e| match e {
+                    StoreError::Connection(why) => {
+                        StoreError::Connection(format!("worker {worker}: {why}"))
+                    }
+                    e => e,
+                })
+            })
+        });
+        futures_util::future::join_all(pings)
             .await
-            .unwrap_or(Err(StoreError::Timeout));
-        self.breaker.record(&r);
-        r
+            .into_iter()
+            .collect()
+    }
+
+    async fn ping_lane(&self, lane: &Lane) -> Result<(), StoreError> {
+        let client = lane.pool.next_connected();
+        if !client.is_connected() {
+            return Err(StoreError::Connection("not connected to redis".into()));
+        }
+        client
+            .with_options(&self.opts)
+            .ping::<String>(None)
+            .await
+            .map(|_| ())
+            .map_err(|e| store_error(&e))
     }
 }
 
