@@ -488,26 +488,38 @@ async fn each_worker_decides_over_connections_of_its_own() {
     }
 }
 
+/// A gateway of two workers with one Redis connection each (`pool_size: 2`, `on_error:
+/// deny`, `limit` on route `/tb`) on a Redis with room for one of them: `maxclients` counts
+/// the returned connection (which can raise it) and one of the gateway's. Returned once the
+/// gateway has stopped waiting for the store at startup.
+fn one_worker_without_redis(
+    redis: &RedisServer,
+    up: &Upstream,
+    timeout: &str,
+    limit: &str,
+) -> (Conn, Sluice) {
+    let mut conn = redis.conn();
+    conn.cmd_ok(&["CONFIG", "SET", "maxclients", "2"]);
+    let store = standalone(redis, timeout, 2).replace(" }", ", startup_timeout: 1s }");
+    let yaml = format!(
+        "workers: 2\n{}",
+        config(&store, "deny", up, &[route("tb", "", &[limit])])
+    );
+    let s = Sluice::start(&yaml);
+    s.wait_log(&["store not ready within startup_timeout"]);
+    (conn, s)
+}
+
 /// `/readyz` answers for every worker's Redis connections, not only the first worker's:
 /// with room in Redis for one connection of the two (`workers: 2`, `pool_size: 2`), one
 /// worker cannot decide, and the gateway is not ready until it can. Which worker gets the
 /// room is a race; asking the first worker's connections alone answered 200 in 4 of 6 runs.
 #[tokio::test]
 async fn readyz_needs_every_workers_redis_connections() {
-    let redis = RedisServer::start();
-    let up = Upstream::start();
-    // This connection and one of the gateway's.
-    let mut conn = redis.conn();
-    conn.cmd_ok(&["CONFIG", "SET", "maxclients", "2"]);
+    let (redis, up) = (RedisServer::start(), Upstream::start());
     let limit = "{ name: k, by: ip, algorithm: token_bucket, rate: 10/1h }";
-    let store = standalone(&redis, "200ms", 2).replace(" }", ", startup_timeout: 1s }");
-    let yaml = format!(
-        "workers: 2\n{}",
-        config(&store, "deny", &up, &[route("tb", "", &[limit])])
-    );
-    let s = Sluice::start(&yaml);
+    let (mut conn, s) = one_worker_without_redis(&redis, &up, "200ms", limit);
     let c = client();
-    s.wait_log(&["store not ready within startup_timeout"]);
     for _ in 0..3 {
         let r = get(&c, &s.admin_url("/readyz"), &[]).await;
         assert_eq!(r.status, 503, "one worker without Redis\n{}", log_of(&s));
@@ -532,18 +544,9 @@ async fn readyz_needs_every_workers_redis_connections() {
 /// the worker that accepted it, so it sees 200s only or 503s only.
 #[tokio::test]
 async fn a_worker_without_redis_trips_only_its_own_breaker() {
-    let redis = RedisServer::start();
-    let up = Upstream::start();
-    let mut conn = redis.conn();
-    conn.cmd_ok(&["CONFIG", "SET", "maxclients", "2"]);
+    let (redis, up) = (RedisServer::start(), Upstream::start());
     let limit = "{ name: k, by: route, algorithm: token_bucket, rate: 1000000/1h }";
-    let store = standalone(&redis, "100ms", 2).replace(" }", ", startup_timeout: 1s }");
-    let yaml = format!(
-        "workers: 2\n{}",
-        config(&store, "deny", &up, &[route("tb", "", &[limit])])
-    );
-    let s = Sluice::start(&yaml);
-    s.wait_log(&["store not ready within startup_timeout"]);
+    let (_conn, s) = one_worker_without_redis(&redis, &up, "100ms", limit);
 
     // Eight client connections (spread over the two workers), each sending one request after
     // another for 2 s: the healthy worker's successes interleave with the other's failures.
