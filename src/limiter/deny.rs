@@ -16,14 +16,13 @@
 //! every `PRUNE_EVERY`, so a cache full of live entries costs an insert no scan), and if it
 //! is still full the new entry is not kept (the store simply gets asked again).
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
 use super::algo::Decision;
+use super::keyed::Shards;
 
 /// Entries kept at most (≈100 bytes each with its key).
 pub const MAX_ENTRIES: usize = 100_000;
@@ -44,8 +43,7 @@ struct Entry {
 }
 
 pub struct DenyCache {
-    shards: Vec<Mutex<HashMap<String, Entry>>>,
-    hasher: RandomState,
+    shards: Shards<Entry>,
     /// Entries in all shards (a lookup on an empty cache takes no lock).
     len: AtomicUsize,
     /// When a full cache last pruned a shard on insert.
@@ -55,8 +53,7 @@ pub struct DenyCache {
 impl Default for DenyCache {
     fn default() -> Self {
         DenyCache {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: RandomState::new(),
+            shards: Shards::new(SHARDS),
             len: AtomicUsize::new(0),
             pruned: Mutex::new(None),
         }
@@ -64,17 +61,14 @@ impl Default for DenyCache {
 }
 
 impl DenyCache {
-    fn shard(&self, key: &str) -> &Mutex<HashMap<String, Entry>> {
-        &self.shards[self.hasher.hash_one(key) as usize % SHARDS]
-    }
-
     /// The decision to answer with if a request of `cost` on `key` is certainly refused at
     /// `now`: limited, remaining 0, retry-after the time left.
     pub fn check(&self, key: &str, cost: u64, now: Instant) -> Option<Decision> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
         }
-        let e = *self.shard(key).lock().get(key)?;
+        let k = self.shards.hashed(key);
+        let e = *self.shards.of(k).lock().get(k)?;
         if now >= e.until || cost < e.cost {
             return None;
         }
@@ -95,8 +89,9 @@ impl DenyCache {
             return;
         }
         let until = sent + Duration::from_micros(decision.retry_after_us);
-        let mut shard = self.shard(key).lock();
-        if let Some(e) = shard.get_mut(key) {
+        let k = self.shards.hashed(key);
+        let mut shard = self.shards.of(k).lock();
+        if let Some(e) = shard.get_mut(k) {
             // Keep the entry that refuses the most requests.
             if until > e.until || cost < e.cost {
                 *e = Entry {
@@ -118,34 +113,33 @@ impl DenyCache {
                 *pruned = Some(now);
             }
             let before = shard.len();
-            shard.retain(|_, e| e.until > now);
+            shard.retain(|e| e.until > now);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
             if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
                 return;
             }
         }
-        shard.insert(
-            key.to_owned(),
-            Entry {
-                until,
-                cost,
-                decision,
-                sent,
-            },
-        );
+        let entry = Entry {
+            until,
+            cost,
+            decision,
+            sent,
+        };
+        shard.insert_new(k, entry, self.shards.hasher());
         self.len.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Forget one key (an admin reset).
     pub fn forget(&self, key: &str) {
-        if self.shard(key).lock().remove(key).is_some() {
+        let k = self.shards.hashed(key);
+        if self.shards.of(k).lock().remove(k) {
             self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     /// Forget everything (a reload may have changed what any key admits).
     pub fn clear(&self) {
-        for s in &self.shards {
+        for s in self.shards.iter() {
             let mut s = s.lock();
             self.len.fetch_sub(s.len(), Ordering::Relaxed);
             s.clear();
@@ -154,10 +148,10 @@ impl DenyCache {
 
     /// Drop expired entries (the server calls this periodically).
     pub fn sweep(&self, now: Instant) {
-        for s in &self.shards {
+        for s in self.shards.iter() {
             let mut s = s.lock();
             let before = s.len();
-            s.retain(|_, e| e.until > now);
+            s.retain(|e| e.until > now);
             self.len.fetch_sub(before - s.len(), Ordering::Relaxed);
         }
     }

@@ -5,4 +5,5 @@
 pub mod algo;
 pub mod deny;
 pub mod key;
+pub mod keyed;
 pub mod store;

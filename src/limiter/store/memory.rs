@@ -1,17 +1,12 @@
 //! The embedded store: limiter state in this process, decided by [`crate::limiter::algo`] directly.
 //!
-//! Keys live in up to 64 shards, each a `parking_lot::Mutex` over a hash table, chosen by a
-//! keyed hash of the key, so cores deciding different keys rarely meet on a lock. A key is
-//! hashed once per call: the shard comes from bits 32 and up of the hash, the table's slot
-//! from its low bits and its tag from its top bits, so the keys of one shard still spread
-//! over its table. A request's limits are decided all-or-nothing under the locks of every
-//! shard they touch, taken in ascending shard order (no deadlock between requests naming the
-//! same keys in another order).
+//! Keys live in up to 64 shards ([`crate::limiter::keyed`]), each key hashed once per call.
+//! A request's limits are decided all-or-nothing under the locks of every shard they touch,
+//! taken in ascending shard order (no deadlock between requests naming the same keys in
+//! another order).
 use super::{LimitCall, Peek};
 use crate::limiter::algo::{self, gcra, Decision, Params, State};
-use hashbrown::HashTable;
-use parking_lot::Mutex;
-use std::hash::{BuildHasher, RandomState};
+use crate::limiter::keyed::{Hashed, Shards, Table};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -61,62 +56,6 @@ struct Entry {
     expires_at_us: u64,
 }
 
-/// A key with its keyed hash, computed once per call.
-#[derive(Clone, Copy)]
-struct Hashed<'k> {
-    key: &'k str,
-    hash: u64,
-}
-
-impl<'k> Hashed<'k> {
-    /// The one way a key is hashed: for lookups, and again for each key when a table grows.
-    fn new(hasher: &RandomState, key: &'k str) -> Self {
-        Hashed {
-            key,
-            hash: hasher.hash_one(key),
-        }
-    }
-}
-
-/// One shard's keys: `(key, entry)` found by the key's hash.
-#[derive(Default)]
-struct Shard(HashTable<(String, Entry)>);
-
-impl Shard {
-    fn get(&self, k: Hashed<'_>) -> Option<&Entry> {
-        self.0.find(k.hash, |(s, _)| s == k.key).map(|(_, e)| e)
-    }
-
-    fn get_mut(&mut self, k: Hashed<'_>) -> Option<&mut Entry> {
-        self.0.find_mut(k.hash, |(s, _)| s == k.key).map(|(_, e)| e)
-    }
-
-    fn remove(&mut self, k: Hashed<'_>) {
-        if let Ok(slot) = self.0.find_entry(k.hash, |(s, _)| s == k.key) {
-            slot.remove();
-        }
-    }
-
-    /// Insert a key that is not in the table; `hasher` rehashes the others if it grows.
-    fn insert_new(&mut self, k: Hashed<'_>, entry: Entry, hasher: &RandomState) {
-        let rehash = |(s, _): &(String, Entry)| Hashed::new(hasher, s).hash;
-        self.0
-            .insert_unique(k.hash, (k.key.to_owned(), entry), rehash);
-    }
-
-    fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
-        self.0.retain(|(_, e)| keep(e));
-    }
-
-    fn entries(&self) -> impl Iterator<Item = &Entry> {
-        self.0.iter().map(|(_, e)| e)
-    }
-}
-
 const MAX_SHARDS: usize = 64;
 
 /// Bounded, sharded, in-process limiter state.
@@ -127,10 +66,9 @@ const MAX_SHARDS: usize = 64;
 /// bytes (~50–90 B for `sluice:route:limit:algorithm:{hash}`). About 130–240 B per key, so
 /// a million keys ≈ 200 MB; sliding_log adds 8 B per logged unit (≤ 80 KB at N = 10 000).
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
+    shards: Shards<Entry>,
     /// Keys per shard; shards × this ≤ `max_keys`.
     per_shard: usize,
-    hasher: RandomState,
     clock: Clock,
 }
 
@@ -141,9 +79,8 @@ impl MemoryStore {
         let max_keys = max_keys.max(1);
         let n = max_keys.min(MAX_SHARDS);
         MemoryStore {
-            shards: (0..n).map(|_| Mutex::default()).collect(),
+            shards: Shards::new(n),
             per_shard: max_keys / n,
-            hasher: RandomState::new(),
             clock,
         }
     }
@@ -153,11 +90,11 @@ impl MemoryStore {
     }
 
     fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
-        Hashed::new(&self.hasher, key)
+        self.shards.hashed(key)
     }
 
     fn shard_of(&self, k: Hashed<'_>) -> usize {
-        ((k.hash >> 32) % self.shards.len() as u64) as usize
+        self.shards.index_of(k)
     }
 
     /// Decide one request against all its limits, atomically and all-or-nothing: if any
@@ -176,7 +113,7 @@ impl MemoryStore {
         if let [call] = calls {
             // Alone, committing directly is all-or-nothing already: a refusal writes nothing.
             let k = self.hashed(&call.key);
-            let mut shard = self.shards[self.shard_of(k)].lock();
+            let mut shard = self.shards.of(k).lock();
             return vec![self.apply(&mut shard, k, call, id, now, true)];
         }
         let keys: Vec<Hashed<'_>> = calls.iter().map(|c| self.hashed(&c.key)).collect();
@@ -184,7 +121,7 @@ impl MemoryStore {
         let mut order = at.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<_> = order.iter().map(|&i| self.shards[i].lock()).collect();
+        let mut guards: Vec<_> = order.iter().map(|&i| self.shards.at(i).lock()).collect();
         let slot = |i: usize| order.binary_search(&i).unwrap_or_default();
 
         let repeated = calls
@@ -232,7 +169,7 @@ impl MemoryStore {
     pub fn peek(&self, key: &str, params: &Params) -> Peek {
         let now = self.clock.now_us();
         let k = self.hashed(key);
-        let mut shard = self.shards[self.shard_of(k)].lock();
+        let mut shard = self.shards.of(k).lock();
         let call = |cost| LimitCall {
             key: key.to_owned(),
             params: *params,
@@ -249,7 +186,7 @@ impl MemoryStore {
     /// Forget a key: its limit is back to full.
     pub fn reset(&self, key: &str) {
         let k = self.hashed(key);
-        self.shards[self.shard_of(k)].lock().remove(k);
+        self.shards.of(k).lock().remove(k);
     }
 
     /// Keys held, including expired ones not yet swept.
@@ -272,7 +209,7 @@ impl MemoryStore {
     /// Run one limit's call on a locked shard; with `commit`, write what the algorithm wrote.
     fn apply(
         &self,
-        shard: &mut Shard,
+        shard: &mut Table<Entry>,
         key: Hashed<'_>,
         c: &LimitCall,
         id: u64,
@@ -313,7 +250,7 @@ impl MemoryStore {
                             if shard.len() >= self.per_shard {
                                 make_room(shard, self.per_shard, now);
                             }
-                            shard.insert_new(key, entry, &self.hasher);
+                            shard.insert_new(key, entry, self.shards.hasher());
                         }
                     }
                 }
@@ -326,13 +263,13 @@ impl MemoryStore {
 /// Called on a full shard before inserting: drop expired entries; if none were, drop those
 /// closest to expiry, 1/64 of the shard at once (at least one), so a flood of new keys costs
 /// amortised O(64) per insert instead of a full scan each.
-fn make_room(shard: &mut Shard, cap: usize, now: u64) {
+fn make_room(shard: &mut Table<Entry>, cap: usize, now: u64) {
     shard.retain(|e| e.expires_at_us > now);
     if shard.len() < cap {
         return;
     }
     let evict = shard.len() + 1 - cap + (cap / 64).saturating_sub(1);
-    let mut expiries: Vec<u64> = shard.entries().map(|e| e.expires_at_us).collect();
+    let mut expiries: Vec<u64> = shard.values().map(|e| e.expires_at_us).collect();
     let cut = *expiries.select_nth_unstable(evict - 1).1;
     // Everything before `cut`, then entries at exactly `cut` until `evict` are gone.
     let mut ties = evict - expiries.iter().filter(|&&x| x < cut).count();
@@ -401,7 +338,7 @@ mod tests {
         }
         assert_eq!((remaining(&store, &a), remaining(&store, &s)), (1, 0));
         let s = store.hashed("s");
-        let log = match &store.shards[store.shard_of(s)].lock().get(s).unwrap().state {
+        let log = match &store.shards.of(s).lock().get(s).unwrap().state {
             State::SlidingLog(l) => l.entries().len(),
             other => panic!("{other:?}"),
         };

@@ -1,0 +1,172 @@
+//! Sharded tables of string keys, each key hashed once per lookup: what the embedded store
+//! keeps its state in and the deny cache its refusals.
+//!
+//! A key's keyed hash (SipHash with a per-table random key, so clients cannot aim keys at one
+//! slot) picks its shard from bits 32 and up, its slot in the shard's table from the low bits
+//! and its tag from the top bits, so the keys of one shard still spread over its table. Each
+//! shard is a `parking_lot::Mutex`: cores deciding different keys rarely meet on a lock.
+use hashbrown::HashTable;
+use parking_lot::Mutex;
+use std::hash::{BuildHasher, RandomState};
+
+/// A key with its keyed hash, computed once per call.
+#[derive(Clone, Copy)]
+pub struct Hashed<'k> {
+    key: &'k str,
+    hash: u64,
+}
+
+/// One shard's keys: `(key, value)` found by the key's hash.
+pub struct Table<V>(HashTable<(String, V)>);
+
+impl<V> Default for Table<V> {
+    fn default() -> Self {
+        Table(HashTable::new())
+    }
+}
+
+impl<V> Table<V> {
+    pub fn get(&self, k: Hashed<'_>) -> Option<&V> {
+        self.0.find(k.hash, |(s, _)| s == k.key).map(|(_, v)| v)
+    }
+
+    pub fn get_mut(&mut self, k: Hashed<'_>) -> Option<&mut V> {
+        self.0.find_mut(k.hash, |(s, _)| s == k.key).map(|(_, v)| v)
+    }
+
+    /// Whether the key was there.
+    pub fn remove(&mut self, k: Hashed<'_>) -> bool {
+        match self.0.find_entry(k.hash, |(s, _)| s == k.key) {
+            Ok(slot) => {
+                slot.remove();
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Insert a key that is not in the table; `hasher` (the [`Shards`]' own) rehashes the
+    /// others if it grows.
+    pub fn insert_new(&mut self, k: Hashed<'_>, value: V, hasher: &RandomState) {
+        let rehash = |(s, _): &(String, V)| hasher.hash_one(s.as_str());
+        self.0
+            .insert_unique(k.hash, (k.key.to_owned(), value), rehash);
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&V) -> bool) {
+        self.0.retain(|(_, v)| keep(v));
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &V> {
+        self.0.iter().map(|(_, v)| v)
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// `n` shards of [`Table`]s under their own locks, and the hasher that places keys in them.
+pub struct Shards<V> {
+    shards: Box<[Mutex<Table<V>>]>,
+    hasher: RandomState,
+}
+
+impl<V> Shards<V> {
+    pub fn new(n: usize) -> Self {
+        Shards {
+            shards: (0..n.max(1)).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    /// The one way a key is hashed: for lookups, and again for each key when a table grows.
+    pub fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
+        Hashed {
+            key,
+            hash: self.hasher.hash_one(key),
+        }
+    }
+
+    /// The index of `k`'s shard (requests touching several take their locks in this order).
+    pub fn index_of(&self, k: Hashed<'_>) -> usize {
+        ((k.hash >> 32) % self.shards.len() as u64) as usize
+    }
+
+    pub fn at(&self, index: usize) -> &Mutex<Table<V>> {
+        &self.shards[index]
+    }
+
+    /// `k`'s shard.
+    pub fn of(&self, k: Hashed<'_>) -> &Mutex<Table<V>> {
+        self.at(self.index_of(k))
+    }
+
+    pub fn hasher(&self) -> &RandomState {
+        &self.hasher
+    }
+
+    pub fn len(&self) -> usize {
+        self.shards.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.shards.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Mutex<Table<V>>> {
+        self.shards.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_found_by_its_hash_and_its_text() {
+        let s: Shards<u32> = Shards::new(4);
+        let (a, b) = (s.hashed("a"), s.hashed("b"));
+        s.of(a).lock().insert_new(a, 1, s.hasher());
+        assert_eq!(s.of(a).lock().get(a), Some(&1));
+        assert_eq!(s.of(b).lock().get(b), None);
+        // The same hash with other text is another key.
+        let forged = Hashed {
+            key: "b",
+            hash: a.hash,
+        };
+        assert_eq!(s.of(a).lock().get(forged), None);
+        *s.of(a).lock().get_mut(a).unwrap() = 2;
+        assert_eq!(s.of(a).lock().get(a), Some(&2));
+        assert!(s.of(a).lock().remove(a));
+        assert!(!s.of(a).lock().remove(a));
+        assert!(s.of(a).lock().is_empty());
+    }
+
+    #[test]
+    fn keys_spread_over_the_shards_and_survive_growth() {
+        let s: Shards<usize> = Shards::new(8);
+        let keys: Vec<String> = (0..4000).map(|i| format!("sluice:r:l:{i}")).collect();
+        for (i, key) in keys.iter().enumerate() {
+            let k = s.hashed(key);
+            s.of(k).lock().insert_new(k, i, s.hasher());
+        }
+        for (i, key) in keys.iter().enumerate() {
+            let k = s.hashed(key);
+            assert_eq!(s.of(k).lock().get(k), Some(&i), "{key}");
+        }
+        // 4000 keys over 8 shards: about 500 each; a shard-picking bug puts them in one.
+        for shard in s.iter() {
+            let n = shard.lock().len();
+            assert!((300..700).contains(&n), "{n} keys in one shard");
+        }
+    }
+}
