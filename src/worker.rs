@@ -19,3 +19,9 @@ pub fn set(index: usize) {
 pub fn index() -> usize {
     WORKER.with(|w| w.get())
 }
+
+/// How operators see worker `index`: counted from 1, in logs, thread names, `/readyz` and the
+/// `worker` label of `sluice_connections_open`.
+pub fn number(index: usize) -> usize {
+    index + 1
+}

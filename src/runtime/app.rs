@@ -117,7 +117,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         match serving.clone().spawn_worker(index) {
             Ok(w) => workers.push(w),
             Err(e) => {
-                tracing::error!(worker = index, error = %e, "cannot start a worker");
+                tracing::error!(worker = crate::worker::number(index), error = %e, "cannot start a worker");
                 return 1;
             }
         }
@@ -206,7 +206,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
                 others.push(w.done);
             }
             Err(e) => {
-                tracing::error!(worker = index, error = %e, "cannot start a worker");
+                tracing::error!(worker = crate::worker::number(index), error = %e, "cannot start a worker");
                 return 1;
             }
         }
@@ -280,7 +280,7 @@ impl Serving {
         let (listeners, handed) = oneshot::channel::<Handed>();
         let (done_tx, done) = oneshot::channel();
         std::thread::Builder::new()
-            .name(format!("sluice-worker-{index}"))
+            .name(format!("sluice-worker-{}", crate::worker::number(index)))
             .spawn(move || {
                 crate::worker::set(index);
                 rt.block_on(async move {
@@ -296,7 +296,7 @@ impl Serving {
                     for (l, accept) in listeners {
                         match TcpListener::from_std(l) {
                             Ok(l) => data.push((l, accept)),
-                            Err(e) => tracing::error!(worker = index, error = %e, "cannot serve"),
+                            Err(e) => tracing::error!(worker = crate::worker::number(index), error = %e, "cannot serve"),
                         }
                     }
                     for t in self.serve(data, shares) {

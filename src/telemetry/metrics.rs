@@ -218,7 +218,8 @@ impl Metrics {
 
     /// Each worker's open-connection gauge, worker 1 first (resolved once, at start).
     pub fn connections(&self, workers: usize) -> std::sync::Arc<[IntGauge]> {
-        (1..=workers.max(1))
+        (0..workers.max(1))
+            .map(crate::worker::number)
             .map(|w| {
                 self.connections_open
                     .with_label_values(&[w.to_string().as_str()])

@@ -78,8 +78,12 @@ pub struct RedisStore {
     nonce_prefix: String,
 }
 
-/// One worker's connections to Redis and its requests waiting for a script call.
+/// One worker's connections to Redis and its requests waiting for a script call. A request
+/// resolves its worker's lane once ([`RedisStore::lane`]) and every step of its decision
+/// (breaker, queue, sender, connection) uses that one.
 struct Lane {
+    /// Its place in [`RedisStore::lanes`] (the sender task it spawns finds it there).
+    index: usize,
     pool: Pool,
     /// Requests waiting for the next script call (on Cluster, those whose keys share a slot).
     queue: batch::Queue,
@@ -93,7 +97,7 @@ struct Lane {
 impl Lane {
     /// `size` connections (fred's pool, its tasks spawned on the current runtime) and a queue
     /// with as many senders; starts connecting in the background.
-    fn connect(cfg: Config, timeout: Duration, size: usize) -> Result<Lane, Error> {
+    fn connect(index: usize, cfg: Config, timeout: Duration, size: usize) -> Result<Lane, Error> {
         let pool = Builder::from_config(cfg)
             .with_connection_config(|c| {
                 c.max_command_attempts = 1;
@@ -106,6 +110,7 @@ impl Lane {
             .build_pool(size)?;
         pool.connect();
         Ok(Lane {
+            index,
             pool,
             queue: batch::Queue::new(size),
             ever_connected: AtomicBool::new(false),
@@ -270,7 +275,7 @@ impl RedisStore {
         }
         let workers = workers.max(1);
         let lane_size = s.pool_size.max(1).div_ceil(workers);
-        let first = Lane::connect(cfg.clone(), s.timeout, lane_size)
+        let first = Lane::connect(0, cfg.clone(), s.timeout, lane_size)
             .map_err(|e| StoreError::Connection(e.to_string()))?;
         let lanes: Box<[OnceLock<Lane>]> = (0..workers).map(|_| OnceLock::new()).collect();
         let _ = lanes[0].set(first);
@@ -306,14 +311,14 @@ impl RedisStore {
         let Some(slot) = self.lanes.get(index).filter(|l| l.get().is_none()) else {
             return;
         };
-        match Lane::connect(self.cfg.clone(), self.timeout, self.lane_size) {
+        match Lane::connect(index, self.cfg.clone(), self.timeout, self.lane_size) {
             Ok(lane) => {
                 let _ = slot.set(lane);
             }
             // Built from the settings the first lane was built from, so not expected; this
             // worker's requests then share the first worker's lane.
             Err(e) => tracing::error!(
-                worker = index,
+                worker = crate::worker::number(index),
                 error = %e,
                 "cannot create this worker's Redis connections; sharing the first worker's"
             ),
@@ -325,7 +330,7 @@ impl RedisStore {
     }
 
     /// The calling worker's lane; the first worker's on any other thread, and for a worker
-    /// not (yet) attached.
+    /// not (yet) attached. Resolved once per store operation and passed down.
     fn lane(&self) -> &Lane {
         match self
             .lanes
@@ -335,6 +340,13 @@ impl RedisStore {
             Some(lane) => lane,
             None => self.first(),
         }
+    }
+
+    /// The lane a sender was spawned for (`Lane::index` of one [`RedisStore::lane`] handed out).
+    fn lane_at(&self, index: usize) -> &Lane {
+        self.lanes[index]
+            .get()
+            .expect("a lane handed out is set for good")
     }
 
     /// Wait (up to `within`) until every connection of every attached worker's lane is up and
@@ -386,7 +398,7 @@ impl RedisStore {
         }
     }
 
-    /// A connected client of the calling worker's lane, or a connection error right away. A
+    /// A connected client of `lane`, or a connection error right away. A
     /// command handed to a client that is still (re)connecting would be queued and sent once
     /// it connects, long after its request was answered by the policy: a late charge for a
     /// request that was never decided. Not sending it at all is the only safe choice.
@@ -395,8 +407,7 @@ impl RedisStore {
     /// nothing was ever sent on it, so nothing can be sent twice, and waiting for it (bounded
     /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
     /// instead of by `on_error`.
-    async fn client(&self) -> Result<fred::clients::WithOptions<Client>, StoreError> {
-        let lane = self.lane();
+    async fn client(&self, lane: &Lane) -> Result<fred::clients::WithOptions<Client>, StoreError> {
         let mut client = lane.pool.next_connected();
         if !client.is_connected() && !lane.ever_connected.load(Ordering::Acquire) {
             let _ = lane.pool.wait_for_connect().await;
@@ -416,12 +427,13 @@ impl RedisStore {
     /// One request's script call (keys all in one slot), through [`RedisStore::script`].
     async fn eval(
         &self,
+        lane: &Lane,
         calls: &[LimitCall],
         commit: bool,
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
         let nonce = self.nonce(id);
-        let client = self.client().await?;
+        let client = self.client(lane).await?;
         let slot = calls.first().map_or(0, |c| self.slot_of(&c.key));
         let args = || {
             let mut args: Vec<String> = calls.iter().map(|c| c.key.clone()).collect();
@@ -492,6 +504,7 @@ impl RedisStore {
     /// per slot (see the module doc). Requests on one slot are queued instead.
     async fn decide_across_slots(
         &self,
+        lane: &Lane,
         calls: &[LimitCall],
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
@@ -509,7 +522,8 @@ impl RedisStore {
             let groups = &groups;
             async move {
                 let answers =
-                    try_join_all(groups.iter().map(|(g, _)| self.eval(g, commit, id))).await?;
+                    try_join_all(groups.iter().map(|(g, _)| self.eval(lane, g, commit, id)))
+                        .await?;
                 let mut out = vec![None; calls.len()];
                 for ((_, at), ds) in groups.iter().zip(answers) {
                     for (&i, d) in at.iter().zip(ds) {
@@ -543,6 +557,7 @@ impl RedisStore {
         calls: &[LimitCall],
         id: u64,
     ) -> Result<Vec<Decision>, StoreError> {
+        let lane = self.lane();
         let slot = if self.cluster {
             match one_slot(calls) {
                 Some(slot) => slot,
@@ -550,21 +565,22 @@ impl RedisStore {
                 // slots hold one; the queued path's future stays small enough to live in the
                 // request's.
                 None => {
-                    return self
-                        .guarded(Box::pin(self.decide_across_slots(calls, id)))
-                        .await
+                    let across = Box::pin(self.decide_across_slots(lane, calls, id));
+                    return self.guarded(lane, across).await;
                 }
             }
         } else {
             0
         };
-        self.guarded(self.queued(calls, id, slot)).await
+        self.guarded(lane, self.queued(lane, calls, id, slot)).await
     }
 
-    /// Queue the request for the next script call (see [`batch`]), starting a sender if fewer
-    /// than `pool_size` run. `slot`: its keys' slot on Cluster (0 otherwise).
+    /// Queue the request on `lane` for its next script call (see [`batch`]), starting a
+    /// sender if fewer than the lane's connections run. `slot`: its keys' slot on Cluster (0
+    /// otherwise).
     async fn queued(
         self: &Arc<Self>,
+        lane: &Lane,
         calls: &[LimitCall],
         id: u64,
         slot: u16,
@@ -576,18 +592,18 @@ impl RedisStore {
             slot,
             answer,
         };
-        if self.lane().queue.push(job) {
-            let me = self.clone();
-            tokio::spawn(async move { me.send_queued().await });
+        if lane.queue.push(job) {
+            let (me, at) = (self.clone(), lane.index);
+            tokio::spawn(async move { me.send_queued(at).await });
         }
         rx.await
             .unwrap_or_else(|_| Err(StoreError::Connection("decision call dropped".into())))
     }
 
-    /// A sender: one script call for everything queued, until the queue is empty. It runs
-    /// on the worker that started it, whose lane that queue is.
-    async fn send_queued(self: Arc<Self>) {
-        let lane = self.lane();
+    /// A sender: one script call for everything queued on lane `at`, over that lane's
+    /// connections, until its queue is empty.
+    async fn send_queued(self: Arc<Self>, at: usize) {
+        let lane = self.lane_at(at);
         loop {
             let jobs = lane.queue.take();
             if jobs.is_empty() {
@@ -598,7 +614,7 @@ impl RedisStore {
             }
             // Boxed: the call's future (fred's included) is kilobytes; unboxed, the sender's
             // task would be that size, moved whole as each new sender is spawned.
-            let call = Box::pin(self.eval_batch(&jobs));
+            let call = Box::pin(self.eval_batch(lane, &jobs));
             let answers = tokio::time::timeout(self.timeout, call)
                 .await
                 .unwrap_or(Err(StoreError::Timeout));
@@ -622,12 +638,13 @@ impl RedisStore {
     /// parses from call to call, the single-request form does not.
     async fn eval_batch(
         &self,
+        lane: &Lane,
         jobs: &[Job],
     ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
         if self.cluster {
-            return self.eval_per_node(jobs).await;
+            return self.eval_per_node(lane, jobs).await;
         }
-        let client = self.client().await?;
+        let client = self.client(lane).await?;
         self.eval_jobs(&client, &jobs.iter().collect::<Vec<_>>(), None)
             .await
     }
@@ -639,9 +656,10 @@ impl RedisStore {
     /// way; a second refusal is their answer.
     async fn eval_per_node(
         &self,
+        lane: &Lane,
         jobs: &[Job],
     ) -> Result<Vec<Result<Vec<Decision>, StoreError>>, StoreError> {
-        let client = self.client().await?;
+        let client = self.client(lane).await?;
         let all: Vec<&Job> = jobs.iter().collect();
         let mut answers = self.eval_grouped(&client, &all).await;
         let moved: Vec<usize> = (0..jobs.len())
@@ -747,12 +765,13 @@ impl RedisStore {
         self.decide_as(calls, super::next_id()).await
     }
 
+    /// `fut` (an operation over `lane`), bounded by `timeout`, behind `lane`'s breaker.
     async fn guarded<T>(
         &self,
+        lane: &Lane,
         fut: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        // The calling worker's, whose lane `fut` uses.
-        let breaker = &self.lane().breaker;
+        let breaker = &lane.breaker;
         breaker.admit()?;
         let r = tokio::time::timeout(self.timeout, fut)
             .await
@@ -774,9 +793,9 @@ impl RedisStore {
             shadow: true,
             op: crate::limiter::algo::Op::Probe,
         };
-        let id = super::next_id();
+        let (id, lane) = (super::next_id(), self.lane());
         let d = self
-            .guarded(self.eval(&[call(0), call(1)], false, id))
+            .guarded(lane, self.eval(lane, &[call(0), call(1)], false, id))
             .await?;
         Ok(Peek {
             now: d[0],
@@ -785,8 +804,9 @@ impl RedisStore {
     }
 
     pub async fn reset(&self, key: &str) -> Result<(), StoreError> {
-        self.guarded(async {
-            self.client()
+        let lane = self.lane();
+        self.guarded(lane, async {
+            self.client(lane)
                 .await?
                 .del::<i64, _>(key)
                 .await
@@ -800,11 +820,9 @@ impl RedisStore {
     /// serves as a probe of that lane's breaker. Every lane: a worker whose connections are
     /// down decides its requests by `on_error`, so the gateway is not ready while any is.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        let lanes = self.lanes.iter().map(OnceLock::get);
-        // Workers counted from 1, as in `sluice_connections_open`.
-        let pings = (1..).zip(lanes).filter_map(|(worker, lane)| {
-            let lane = lane?;
-            Some(async move {
+        let pings = self.lanes.iter().filter_map(OnceLock::get).map(|lane| {
+            let worker = crate::worker::number(lane.index);
+            async move {
                 let r = tokio::time::timeout(self.timeout, self.ping_lane(lane))
                     .await
                     .unwrap_or(Err(StoreError::Timeout));
@@ -815,7 +833,7 @@ impl RedisStore {
                     }
                     e => e,
                 })
-            })
+            }
         });
         futures_util::future::join_all(pings)
             .await
