@@ -24,6 +24,7 @@ use crate::pipeline::live::Live;
 use crate::pipeline::Gateway;
 use crate::telemetry::metrics::Metrics;
 use crate::tls;
+use crate::worker;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
 pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
@@ -117,7 +118,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         match serving.clone().spawn_worker(index) {
             Ok(w) => workers.push(w),
             Err(e) => {
-                tracing::error!(worker = crate::worker::number(index), error = %e, "cannot start a worker");
+                tracing::error!(worker = worker::number(index), error = %e, "cannot start a worker");
                 return 1;
             }
         }
@@ -206,7 +207,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
                 others.push(w.done);
             }
             Err(e) => {
-                tracing::error!(worker = crate::worker::number(index), error = %e, "cannot start a worker");
+                tracing::error!(worker = worker::number(index), error = %e, "cannot start a worker");
                 return 1;
             }
         }
@@ -280,9 +281,9 @@ impl Serving {
         let (listeners, handed) = oneshot::channel::<Handed>();
         let (done_tx, done) = oneshot::channel();
         std::thread::Builder::new()
-            .name(format!("sluice-worker-{}", crate::worker::number(index)))
+            .name(format!("sluice-worker-{}", worker::number(index)))
             .spawn(move || {
-                crate::worker::set(index);
+                worker::set(index);
                 rt.block_on(async move {
                     if let Store::Redis(r) = &self.gw.gateway.store {
                         r.attach_worker();
@@ -296,7 +297,10 @@ impl Serving {
                     for (l, accept) in listeners {
                         match TcpListener::from_std(l) {
                             Ok(l) => data.push((l, accept)),
-                            Err(e) => tracing::error!(worker = crate::worker::number(index), error = %e, "cannot serve"),
+                            Err(e) => {
+                                let worker = worker::number(index);
+                                tracing::error!(worker, error = %e, "cannot serve");
+                            }
                         }
                     }
                     for t in self.serve(data, shares) {
