@@ -41,12 +41,13 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
     let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),
         StoreKind::Redis => {
-            match RedisStore::connect_for(&boot.store.redis, tls.redis.clone(), boot.workers) {
+            let redis = RedisStore::connect_for(&boot.store.redis, tls.redis.clone(), boot.workers);
+            match redis {
                 Ok(r) => Store::Redis(Arc::new(r)),
+                // Config loading already ran these settings through fred
+                // (store::redis::validate), so this is not expected; if it happens, say so
+                // loudly and keep serving on the embedded store rather than not at all.
                 Err(e) => {
-                    // Config loading already ran these settings through fred (store::redis::validate),
-                    // so this is not expected; if it happens, say so loudly and keep serving on the
-                    // embedded store rather than not at all.
                     tracing::error!(error = %e, "cannot create the Redis client; using the embedded store");
                     Store::Memory(local.clone())
                 }
@@ -267,7 +268,8 @@ impl Serving {
             .collect()
     }
 
-    /// Worker `index` (from 1): a thread running a single-threaded runtime of its own. It
+    /// Worker `index` (1 and up: index 0 is the first worker, the calling thread; operators
+    /// see `worker::number`): a thread running a single-threaded runtime of its own. It
     /// first attaches its own Redis connections (then `attached` completes), and once handed
     /// its `listeners` (clones of the first worker's sockets: every worker accepts from the
     /// same queue, as nginx's workers do without `reuseport`) serves them with its own idle
