@@ -595,6 +595,13 @@ fn connect_is_405() {
         QUIET,
     );
     assert_eq!(ex.statuses(), vec![405], "{}", ex.text());
+    // RFC 9110 §15.5.6: a 405 MUST list the methods the target supports.
+    let allow = ex.one().header("allow").unwrap_or_default();
+    assert!(
+        allow.contains("GET") && !allow.contains("CONNECT"),
+        "{}",
+        ex.text()
+    );
     assert_eq!(settled_hits(&up), 0);
 }
 
@@ -726,6 +733,7 @@ fn panicking_server(
                 )))
             }
         },
+        |_| {},
         Duration::from_secs(5),
         stop_rx,
         Duration::from_secs(1),

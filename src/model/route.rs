@@ -82,9 +82,12 @@ impl Matcher {
     }
 }
 
-/// Host compared without port and case (RFC 9110 §4.2.3: the host is case-insensitive).
+/// Host compared without port and case (RFC 9110 §4.2.3: the host is case-insensitive), and
+/// without the root's trailing dot: `api.example.com.` is the same name (as nginx's
+/// `server_name` matching has it), and would otherwise miss the route that limits it.
 fn host_matches(m: &HostMatch, host: &str) -> bool {
     let host = strip_port(host);
+    let host = host.strip_suffix('.').unwrap_or(host);
     match m {
         HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
         HostMatch::Wildcard(suffix) => {
@@ -195,6 +198,22 @@ mod tests {
         assert_eq!(p.strip("/api/users"), "/users");
         assert_eq!(p.strip("/api"), "/");
         assert_eq!(p.strip("/apiary"), "/ary");
+    }
+
+    #[test]
+    fn a_fully_qualified_host_is_the_same_name() {
+        let exact = HostMatch::Exact("api.example.com".into());
+        let wild = HostMatch::Wildcard(".example.com".into());
+        for h in [
+            "api.example.com.",
+            "API.example.com.:8080",
+            "api.example.com",
+        ] {
+            assert!(host_matches(&exact, h), "{h}");
+            assert!(host_matches(&wild, h), "{h}");
+        }
+        assert!(!host_matches(&exact, "api.example.com.."));
+        assert!(!host_matches(&wild, "example.com."));
     }
 
     #[test]

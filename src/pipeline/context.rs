@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, HOST};
+use http::header::HeaderValue;
 use http::request::Parts;
 use http::Uri;
 
@@ -85,8 +85,8 @@ pub struct Ctx {
     /// The request head, without its target (read once into `uri`).
     pub parts: Parts,
     pub uri: Uri,
-    /// RFC 9112 §3.2.2: an absolute-form target's authority is the host, whatever `Host`
-    /// says (h2's `:authority` arrives the same way); the upstream gets that same host.
+    /// The request's host ([`headers::host`](super::headers::host)), set by the request
+    /// filter; the upstream gets that same host.
     pub host: Option<HeaderValue>,
     /// The normalized path, when it differs from the target's.
     pub normalized: Option<String>,
@@ -118,10 +118,6 @@ impl Ctx {
                 .client_ip
                 .is_trusted(conn.peer.addr.ip().to_canonical());
         let uri = std::mem::take(&mut parts.uri);
-        let host = uri
-            .authority()
-            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-            .or_else(|| parts.headers.get(HOST).cloned());
         Ctx {
             live,
             started: Instant::now(),
@@ -130,7 +126,7 @@ impl Ctx {
             rid: request_id::get_or_make(&parts.headers),
             parts,
             uri,
-            host,
+            host: None,
             normalized: None,
             route: None,
             admission: Admission::default(),

@@ -40,7 +40,7 @@ use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
 use headers::request_id::X_REQUEST_ID;
-use headers::{forwarded, hop_by_hop, ratelimit};
+use headers::{forwarded, hop_by_hop, host, ratelimit};
 use identify::Identity;
 use live::Live;
 use respond::{GatewayError, Refusal};
@@ -131,12 +131,15 @@ impl Gateway {
         }
     }
 
-    /// Refuse what cannot be routed safely, and normalize the path that is matched, limited
-    /// and forwarded: CONNECT (405), the asterisk form (400), a transfer coding other than
-    /// `chunked` (400, connection closed: the body cannot be framed the way the client meant),
-    /// a path that does not normalize safely (400, see [`crate::model::path`]).
+    /// Refuse what cannot be routed safely, and settle the host and the path that are
+    /// matched, limited and forwarded: CONNECT (405), the asterisk form (400), a transfer
+    /// coding other than `chunked` (400, connection closed: the body cannot be framed the way
+    /// the client meant), a method in lower case or a host the gateway cannot name (400, see
+    /// [`host`]), a path that does not normalize safely (400, see
+    /// [`crate::model::path`]).
     fn request_filter(&self, ctx: &mut Ctx) -> Result<(), GatewayError> {
-        if ctx.parts.method == http::Method::CONNECT {
+        let method = &ctx.parts.method;
+        if *method == http::Method::CONNECT {
             return Err(GatewayError::MethodNotAllowed(http::Method::CONNECT));
         }
         if !chunked_only(&ctx.parts.headers) {
@@ -144,6 +147,16 @@ impl Gateway {
                 "only the `chunked` transfer coding is accepted".into(),
             ));
         }
+        // Methods are case-sensitive (RFC 9110 §9.1), but many frameworks upper-case them:
+        // `post` would miss a `methods: [POST]` route and still reach the handler it guards.
+        // nginx refuses them too.
+        if method.as_str().bytes().any(|b| b.is_ascii_lowercase()) {
+            return Err(GatewayError::BadRequest(format!(
+                "method `{method}` is not in upper case"
+            )));
+        }
+        ctx.host = host::of(ctx.parts.version, &ctx.uri, &ctx.parts.headers)
+            .map_err(|e| GatewayError::BadRequest(e.to_string()))?;
         match path::normalize(ctx.uri.path(), &ctx.live.table.paths) {
             Ok(Cow::Borrowed(_)) => Ok(()),
             Ok(Cow::Owned(p)) => {
@@ -395,17 +408,32 @@ impl Gateway {
         let (mut res, target) = upstream.send(out, body, started).await?;
 
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
-        if let (true, Some(client)) = (switching, client_upgrade) {
-            let upstream = hyper::upgrade::on(&mut res);
-            tokio::spawn(async move {
-                if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
-                    let _ =
-                        tokio::io::copy_bidirectional(&mut TokioIo::new(c), &mut TokioIo::new(u))
-                            .await;
-                }
-            });
+        match (switching, client_upgrade) {
+            (true, Some(client)) => {
+                let upstream = hyper::upgrade::on(&mut res);
+                tokio::spawn(async move {
+                    if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
+                        let _ = tokio::io::copy_bidirectional(
+                            &mut TokioIo::new(c),
+                            &mut TokioIo::new(u),
+                        )
+                        .await;
+                    }
+                });
+            }
+            // RFC 9110 §15.2.2: a server MUST NOT switch to a protocol the client did not ask
+            // for; the client would be left reading what it cannot.
+            (true, None) => {
+                return Err(ForwardError::BadAnswer(
+                    "101 to a request that asked no upgrade",
+                ))
+            }
+            (false, _) => answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?,
         }
         hop_by_hop::strip(res.headers_mut(), switching);
+        // The gateway speaks its own HTTP version to the client (RFC 9110 §2.5), whatever
+        // the upstream's was; hyper answers an HTTP/1.0 client in HTTP/1.0 itself.
+        *res.version_mut() = Version::HTTP_11;
         Ok((res.map(body::stream), target))
     }
 
@@ -439,18 +467,64 @@ impl Gateway {
             let failed = call.error.as_ref().map(StoreError::kind);
             self.store_metrics.call(call.took.as_secs_f64(), failed);
         }
-        tracing::info!(
-            target: "sluice::access",
+        access(Access {
             route,
-            method = %ctx.parts.method,
-            path = ctx.path(),
-            status = status.as_u16(),
-            decision = ctx.outcome.as_str(),
-            upstream = ctx.upstream.as_deref().unwrap_or("-"),
-            duration_us = elapsed.as_micros() as u64,
-            request_id = ctx.rid.to_str().unwrap_or("-"),
-        );
+            method: ctx.parts.method.as_str(),
+            path: ctx.path(),
+            status,
+            outcome: ctx.outcome,
+            upstream: ctx.upstream.as_deref().unwrap_or("-"),
+            duration_us: elapsed.as_micros() as u64,
+            request_id: ctx.rid.to_str().unwrap_or("-"),
+        });
     }
+
+    /// A request hyper refused before it became one: a head it could not parse (400), or
+    /// one over [`MAX_REQUEST_HEAD`](crate::runtime::server::MAX_REQUEST_HEAD) or hyper's
+    /// 100 fields (431). hyper wrote the bare answer itself; it is logged and counted like
+    /// the gateway's own refusals (no route, `rejected_request`), so that smuggling probes and
+    /// oversized heads show.
+    pub fn refused_head(&self, status: StatusCode) {
+        let outcome = Outcome::RejectedRequest;
+        self.live.load().no_route.request(outcome, 0.0);
+        access(Access {
+            route: NO_ROUTE,
+            method: "-",
+            path: "-",
+            status,
+            outcome,
+            upstream: "-",
+            duration_us: 0,
+            request_id: "-",
+        });
+    }
+}
+
+/// One access-log event's fields (SPEC: one per request).
+struct Access<'a> {
+    route: &'a str,
+    method: &'a str,
+    path: &'a str,
+    status: StatusCode,
+    outcome: Outcome,
+    upstream: &'a str,
+    duration_us: u64,
+    request_id: &'a str,
+}
+
+/// The one access-log event.
+fn access(a: Access<'_>) {
+    tracing::info!(
+        target: "sluice::access",
+        route = a.route,
+        method = %a.method,
+        path = a.path,
+        status = a.status.as_u16(),
+        decision = a.outcome.as_str(),
+        upstream = a.upstream,
+        duration_us = a.duration_us,
+        request_id = a.request_id,
+    );
 }
 
 /// No `Transfer-Encoding`, or exactly one `chunked` (RFC 9112 §6.1). hyper already refuses a
@@ -463,6 +537,24 @@ fn chunked_only(headers: &http::HeaderMap) -> bool {
         (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"chunked"),
         _ => false,
     }
+}
+
+/// An upstream answer whose body the client will read as the upstream framed it. hyper reads
+/// a `Transfer-Encoding` other than `chunked` as "until close" and the coding label is a
+/// hop-by-hop field the gateway removes, so the client would take coded bytes for the body;
+/// beside a `Content-Length`, `chunked` decides the length (RFC 9112 §6.3), and a forwarded
+/// `Content-Length` would cut the body short or leave the client waiting. nginx answers 502
+/// to both.
+fn answer_framing(headers: &http::HeaderMap) -> Result<(), &'static str> {
+    if !chunked_only(headers) {
+        return Err("a transfer coding other than `chunked`");
+    }
+    if headers.contains_key(http::header::TRANSFER_ENCODING)
+        && headers.contains_key(http::header::CONTENT_LENGTH)
+    {
+        return Err("both Content-Length and Transfer-Encoding");
+    }
+    Ok(())
 }
 
 #[cfg(test)]

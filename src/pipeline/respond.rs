@@ -37,8 +37,9 @@ pub enum GatewayError {
     StoreUnavailable(StoreError),
     #[error(transparent)]
     Upstream(#[from] ForwardError),
-    /// A request the gateway will not pass on: a path it cannot normalize safely, a head it
-    /// cannot frame unambiguously (SPEC §7). The connection is closed after the answer.
+    /// A request the gateway will not pass on, though its head was framed: a path it cannot
+    /// normalize safely, a host it cannot name, a method in lower case. The connection
+    /// stays open.
     #[error("{0}")]
     BadRequest(String),
     /// A request whose body cannot be framed as the client meant it (a transfer coding other
@@ -132,6 +133,14 @@ impl GatewayError {
                 let mut res = render(status, &self.problem());
                 let close = HeaderValue::from_static("close");
                 res.headers_mut().insert(CONNECTION, close);
+                res
+            }
+            // RFC 9110 §15.5.6: a 405 MUST carry `Allow`; CONNECT is the one method refused.
+            GatewayError::MethodNotAllowed(_) => {
+                let mut res = render(status, &self.problem());
+                let allow =
+                    HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
+                res.headers_mut().insert(http::header::ALLOW, allow);
                 res
             }
             _ => render(status, &self.problem()),

@@ -99,6 +99,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         admin,
         server::Accept::default(),
         move |req, conn: Arc<ConnInfo>| admin::handle(g.clone(), req, conn.peer.addr),
+        |_| {},
         header_timeout,
         stop_rx.clone(),
         Duration::from_secs(1),
@@ -253,12 +254,14 @@ impl Serving {
             .zip(shares)
             .map(|((socket, accept), share)| {
                 let g = self.gw.gateway.clone();
+                let r = self.gw.gateway.clone();
                 tokio::spawn(server::serve(
                     socket,
                     accept,
                     // Boxed here, once: every layer above (panic guard, hyper's in-flight
                     // slot) then moves a pointer, not the whole request state.
                     move |req, conn| Box::pin(g.clone().handle(req, conn)),
+                    move |status| r.refused_head(status),
                     self.header_timeout,
                     self.stop.clone(),
                     self.drain,

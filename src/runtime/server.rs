@@ -23,6 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
+use super::preface;
 use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
 use crate::net::Gather;
@@ -99,10 +100,12 @@ pub struct Accept {
 /// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head
 /// (and bounds the PROXY header and the TLS handshake). With a `share`, this worker takes
 /// part in spreading the listener's connections over the workers (see [`super::spread`]).
-pub async fn serve<H, F>(
+#[allow(clippy::too_many_arguments)]
+pub async fn serve<H, F, R>(
     listener: TcpListener,
     accept: Accept,
     handler: H,
+    refused: R,
     header_timeout: Duration,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
@@ -110,6 +113,7 @@ pub async fn serve<H, F>(
 ) where
     H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
+    R: Fn(StatusCode) + Clone + Send + Sync + 'static,
 {
     let graceful = GracefulShutdown::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -130,6 +134,8 @@ pub async fn serve<H, F>(
         let conn = Connection {
             builder: builder.clone(),
             handler: handler.clone(),
+            refused: refused.clone(),
+            header_timeout,
             graceful: graceful.watcher(),
         };
         if accept.tls.is_none() && !accept.proxy_protocol {
@@ -217,16 +223,23 @@ async fn counted(open: Option<Open>, task: impl Future<Output = ()>) {
 }
 
 /// One accepted connection and what serving it needs.
-struct Connection<H> {
+struct Connection<H, R> {
     builder: Arc<auto::Builder<TokioExecutor>>,
     handler: H,
+    /// Told of each request hyper refused itself (a head it could not parse), which the
+    /// handler never sees.
+    refused: R,
+    /// How long the client may take to send its first bytes (then hyper's own
+    /// `header_read_timeout` takes over for HTTP/1).
+    header_timeout: Duration,
     graceful: Watcher,
 }
 
-impl<H, F> Connection<H>
+impl<H, F, R> Connection<H, R>
 where
     H: Fn(Request<Incoming>, Arc<ConnInfo>) -> F + Clone + Send + Sync + 'static,
     F: Future<Output = Response<Body>> + Send + 'static,
+    R: Fn(StatusCode) + Clone + Send + Sync + 'static,
 {
     /// Read the PROXY header and/or complete the TLS handshake, then serve HTTP. A connection
     /// that fails either is closed without an answer (there is no HTTP to answer in yet).
@@ -265,10 +278,19 @@ where
     /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`,
     /// whose TCP socket is [`Gather`]ed (below TLS, never above it: rustls already makes one
     /// record of a head and body written together).
-    async fn serve<IO>(self, io: IO, info: Arc<ConnInfo>)
+    async fn serve<IO>(self, mut io: IO, info: Arc<ConnInfo>)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
+        let seen = match preface::read(&mut io, self.header_timeout).await {
+            Ok(seen) => seen,
+            Err(e) => {
+                let peer = info.peer.addr;
+                tracing::debug!(%peer, error = %e, "no request began; connection closed");
+                return;
+            }
+        };
+        let io = preface::Rewind::new(seen, io);
         let h = self.handler;
         let svc = service_fn(move |req: Request<Incoming>| {
             let h = h.clone();
@@ -293,6 +315,24 @@ where
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
-        let _ = self.graceful.watch(conn).await;
+        if let Err(e) = self.graceful.watch(conn).await {
+            if let Some(status) = refused_head(&*e) {
+                (self.refused)(status);
+            }
+        }
+    }
+}
+
+/// The answer hyper wrote itself, if `e` ended a connection on a request head it could not
+/// parse: 431 past [`MAX_REQUEST_HEAD`] (or hyper's 100 fields), otherwise 400 (hyper's
+/// `role::Server::on_error`; the rare 414 of an over-long target reads as 400 here).
+fn refused_head(e: &(dyn std::error::Error + 'static)) -> Option<StatusCode> {
+    let e = e.downcast_ref::<hyper::Error>()?;
+    if e.is_parse_too_large() {
+        Some(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE)
+    } else if e.is_parse() {
+        Some(StatusCode::BAD_REQUEST)
+    } else {
+        None
     }
 }

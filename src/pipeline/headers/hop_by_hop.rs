@@ -1,7 +1,7 @@
 //! Hop-by-hop fields (RFC 9110 §7.6.1): meaningful for one connection only, so a proxy
 //! removes them in both directions — `Connection` and every field it names, plus the
-//! well-known ones below. `Upgrade` (and `Connection: upgrade`) survive only for an upgrade
-//! pass-through, where the handshake itself must reach the other side.
+//! well-known ones below. `Upgrade` (and `Connection: upgrade`) survive only for a
+//! WebSocket pass-through, where the handshake itself must reach the other side.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
@@ -39,10 +39,19 @@ fn fixed(name: &HeaderName) -> Option<u32> {
     candidates.iter().find(|(n, _)| *n == s).map(|&(_, i)| i)
 }
 
-/// Is this an HTTP/1.1 upgrade request/response (`Connection: upgrade` + `Upgrade`)?
+/// Is this an HTTP/1.1 WebSocket upgrade request (`Connection: upgrade` and one `Upgrade:
+/// websocket`, RFC 6455 §4.1)? No other protocol is passed through: after an `h2c` upgrade
+/// the client's requests would travel inside the tunnel, where no route, limit or path
+/// normalization sees them ("h2c smuggling"; Envoy likewise passes only the upgrades it is
+/// configured for). Any other `Upgrade` is removed like the hop-by-hop field it is, and the
+/// request goes on as a plain one.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
-    headers.contains_key(header::UPGRADE)
-        && connection_names(headers).any(|n| n.eq_ignore_ascii_case("upgrade"))
+    let mut upgrade = headers.get_all(header::UPGRADE).iter();
+    let websocket = match (upgrade.next(), upgrade.next()) {
+        (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"),
+        _ => false,
+    };
+    websocket && connection_names(headers).any(|n| n.eq_ignore_ascii_case("upgrade"))
 }
 
 fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
@@ -231,8 +240,33 @@ mod tests {
         assert!(!is_upgrade(&map(&[("connection", "upgrade")])));
         assert!(is_upgrade(&map(&[
             ("connection", "UPGRADE"),
-            ("upgrade", "h2c")
+            ("upgrade", " WebSocket ")
         ])));
+    }
+
+    /// Only WebSocket passes: `h2c` (RFC 7540 §3.2, removed from RFC 9113) would tunnel
+    /// requests past routing and limits, and a list could let the upstream pick it.
+    #[test]
+    fn only_a_websocket_upgrade_passes() {
+        for upgrade in [
+            &[("upgrade", "h2c")][..],
+            &[("upgrade", "websocket, h2c")],
+            &[("upgrade", "h2c, websocket")],
+            &[("upgrade", "websocket"), ("upgrade", "h2c")],
+            &[("upgrade", "TLS/1.2")],
+            &[("upgrade", "websocketx")],
+        ] {
+            let mut h = map(&[
+                ("connection", "Upgrade, HTTP2-Settings"),
+                ("http2-settings", "AAMAAABkAAQAAP__"),
+            ]);
+            for (n, v) in upgrade {
+                h.append(*n, HeaderValue::from_static(v));
+            }
+            assert!(!is_upgrade(&h), "{upgrade:?}");
+            strip(&mut h, false);
+            assert!(h.is_empty(), "{upgrade:?}: {h:?}");
+        }
     }
 
     #[test]

@@ -2,5 +2,6 @@
 
 pub mod forwarded;
 pub mod hop_by_hop;
+pub mod host;
 pub mod ratelimit;
 pub mod request_id;

@@ -35,6 +35,10 @@ pub enum ForwardError {
     /// Connect or response-head timeout: 504.
     #[error("upstream timed out: {0}")]
     Timeout(String),
+    /// An answer the gateway will not pass on, because the client could not read it as the
+    /// upstream meant it: 502 (as nginx answers).
+    #[error("upstream answer refused: {0}")]
+    BadAnswer(&'static str),
     /// The client's own body broke off or could not be decoded (a bad chunk size, say) before
     /// the upstream answered: 400, and the client's connection is closed.
     #[error("the request body could not be read: {0}")]

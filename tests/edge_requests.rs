@@ -1,0 +1,312 @@
+//! The edge beyond framing, over raw sockets through the real binary: a request the gateway
+//! cannot name one host or method for (400, so a limited route cannot be missed by spelling
+//! them differently), an upgrade it does not pass (`h2c`), a connection that never sends a
+//! request (closed after `client_header_timeout`), heads hyper refuses itself (logged and
+//! counted), and upstream answers the client could not read as the upstream sent them (502).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use support::raw::{exchange, Exchange};
+use support::*;
+
+/// How long a silent connection is taken to be left open (kept alive) by the gateway.
+const QUIET: Duration = Duration::from_millis(1500);
+
+/// A login route limited to one request, before a catch-all to the same upstream: the
+/// shape of SPEC §2's example, where missing the first route means reaching the handler it
+/// guards without a limit.
+fn login_gateway(up: &Upstream) -> Sluice {
+    Sluice::start(&format!(
+        "client_header_timeout: 1s
+upstreams:
+  up: {{ targets: [{}], timeout: 5s }}
+routes:
+  - name: login
+    match: {{ path: /auth/login, methods: [POST], host: api.example.com }}
+    upstream: up
+    limits: [ {{ name: k, by: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+",
+        up.url()
+    ))
+}
+
+fn send(s: &Sluice, req: &str) -> Exchange {
+    exchange(s.addr, req.as_bytes(), QUIET)
+}
+
+fn status(ex: &Exchange) -> u16 {
+    match ex.statuses().as_slice() {
+        [one] => *one,
+        other => panic!("expected one answer, got {other:?}:\n{}", ex.text()),
+    }
+}
+
+/// The upstream's hit count once anything the gateway might still be sending has landed.
+fn settled_hits(up: &Upstream) -> usize {
+    std::thread::sleep(Duration::from_millis(300));
+    up.hits()
+}
+
+const LOGIN: &str = "Content-Length: 0\r\nConnection: close\r\n\r\n";
+
+#[test]
+fn a_limited_route_is_not_missed_by_another_spelling_of_its_host_or_method() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let first = send(
+        &s,
+        &format!("POST /auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"),
+    );
+    assert_eq!(status(&first), 200, "{}", first.text());
+    // The same name, fully qualified (as nginx's `server_name` matching has it) and with a
+    // port: the same route, already spent.
+    for host in ["api.example.com", "api.example.com.", "API.example.com.:80"] {
+        let ex = send(
+            &s,
+            &format!("POST /auth/login HTTP/1.1\r\nHost: {host}\r\n{LOGIN}"),
+        );
+        assert_eq!(status(&ex), 429, "{host}: {}", ex.text());
+    }
+    // Refused outright, where they would have reached the catch-all: a method frameworks
+    // upper-case (RFC 9110 §9.1: methods are case-sensitive), no `Host` on HTTP/1.1
+    // (RFC 9112 §3.2), userinfo in the target (RFC 9110 §4.2.4).
+    for req in [
+        format!("post /auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"),
+        format!("Post /auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"),
+        format!("POST /auth/login HTTP/1.1\r\n{LOGIN}"),
+        format!(
+            "POST http://u@api.example.com/auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"
+        ),
+        format!("POST /auth/login HTTP/1.1\r\nHost: u@api.example.com\r\n{LOGIN}"),
+    ] {
+        let ex = send(&s, &req);
+        assert_eq!(status(&ex), 400, "{req:?}: {}", ex.text());
+        let doc = ex.one().json();
+        assert_eq!(doc["status"], 400, "problem+json: {doc}");
+    }
+    assert_eq!(
+        settled_hits(&up),
+        1,
+        "only the first login reached the upstream"
+    );
+}
+
+/// RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any
+/// HTTP/1.1 request message that lacks a Host header field and to any request message that
+/// contains more than one Host header field line or a Host header field with an invalid field
+/// value." Otherwise the gateway routes on one host while the upstream may pick the other.
+#[test]
+fn a_request_needs_exactly_one_valid_host() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    for head in [
+        "GET /two HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\n",
+        "GET /two HTTP/1.1\r\nHost: a.example\r\nHost: a.example\r\n",
+        "GET /bad HTTP/1.1\r\nHost: a.example/../x?y\r\n",
+        "GET /bad HTTP/1.1\r\nHost: a.example:8o\r\n",
+        "GET /empty HTTP/1.1\r\nHost:\r\n",
+        "GET /none HTTP/1.1\r\n",
+        "GET /ten HTTP/1.0\r\nHost: a\r\nHost: b\r\n",
+    ] {
+        let ex = send(&s, &format!("{head}Connection: close\r\n\r\n"));
+        assert_eq!(status(&ex), 400, "{head:?}: {}", ex.text());
+    }
+    assert_eq!(settled_hits(&up), 0);
+    // The one a valid request names is what the upstream gets.
+    let ex = send(
+        &s,
+        "GET /one HTTP/1.1\r\nHost: [::1]:8080\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&ex), 200, "{}", ex.text());
+    assert_eq!(ex.one().json()["headers"]["host"][0], "[::1]:8080");
+}
+
+/// Only WebSocket upgrades pass. After an `h2c` upgrade the client's requests would travel
+/// inside the tunnel, past every route and limit ("h2c smuggling"): the request goes on as a
+/// plain one, without its `Upgrade` and the fields its `Connection` names.
+#[test]
+fn an_h2c_upgrade_is_not_passed_through() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    for upgrade in ["h2c", "websocket, h2c", "TLS/1.2"] {
+        let ex = send(
+            &s,
+            &format!(
+                "GET /h2c HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+                 Upgrade: {upgrade}\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n\r\n"
+            ),
+        );
+        assert_eq!(ex.statuses(), vec![200], "{upgrade}: {}", ex.text());
+        let echo = ex.one().json();
+        let headers = &echo["headers"];
+        for gone in ["upgrade", "http2-settings", "connection"] {
+            assert!(
+                headers[gone].is_null(),
+                "{upgrade}: `{gone}` reached the upstream: {echo}"
+            );
+        }
+    }
+}
+
+/// A connection that connects and sends nothing, or only part of the HTTP/2 preface, is
+/// closed `client_header_timeout` after it opened (hyper's own header timeout only starts once
+/// HTTP/1 has been told from HTTP/2).
+#[test]
+fn a_connection_that_never_begins_a_request_is_closed() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let sent: [&[u8]; 4] = [
+        b"",
+        b"P",
+        b"PRI * HTTP/2.0\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r",
+    ];
+    let conns: Vec<TcpStream> = sent
+        .iter()
+        .map(|bytes| {
+            let mut c = TcpStream::connect(s.addr).unwrap();
+            c.write_all(bytes).unwrap();
+            c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            c
+        })
+        .collect();
+    for (mut c, bytes) in conns.into_iter().zip(sent) {
+        let mut buf = [0; 64];
+        let started = Instant::now();
+        match c.read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => panic!(
+                "{bytes:?}: answered {:?}",
+                String::from_utf8_lossy(&buf[..n])
+            ),
+            Err(e) => panic!(
+                "{bytes:?}: still open after {:?} (client_header_timeout is 1s): {e}",
+                started.elapsed()
+            ),
+        }
+    }
+}
+
+/// hyper answers a head it cannot parse itself (400, or 431 past 64 KiB), before there is a
+/// request for the gateway to handle; each is still one access-log event and one
+/// `rejected_request` on the `_none` route.
+#[test]
+fn heads_hyper_refuses_are_logged_and_counted() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let folded = send(&s, "GET /fold HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n 2\r\n\r\n");
+    assert_eq!(status(&folded), 400, "{}", folded.text());
+    let big = format!(
+        "GET /big HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n",
+        "a".repeat(70_000)
+    );
+    assert_eq!(status(&send(&s, &big)), 431);
+    s.wait_log(&["\"status\":400", "\"status\":431"]);
+    let log = s.log();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("sluice::access") && l.contains("rejected_request"))
+        .collect();
+    assert_eq!(refused.len(), 2, "{log}");
+    assert!(
+        refused.iter().all(|l| l.contains("\"route\":\"_none\"")),
+        "{refused:?}"
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let text = rt
+        .block_on(get(&client(), &s.admin_url("/metrics"), &[]))
+        .text();
+    let counted = metric(
+        &text,
+        "sluice_requests_total",
+        &[("route", "_none"), ("outcome", "rejected_request")],
+    );
+    assert_eq!(counted, 2.0, "{text}");
+}
+
+/// An upstream that answers every request with `answer` and closes.
+fn raw_upstream(answer: &'static str) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ = conn.write_all(answer.as_bytes());
+        }
+    });
+    addr
+}
+
+/// Answers the client could not read as the upstream sent them are 502 (as nginx answers):
+/// `chunked` beside a `Content-Length` (forwarded, the length would cut the body short), a
+/// transfer coding other than `chunked` (its label is hop-by-hop and removed, so the client
+/// would take coded bytes for the body), a 101 to a request that asked no upgrade. And an
+/// HTTP/1.0 answer goes to an HTTP/1.1 client as HTTP/1.1 (RFC 9110 §2.5).
+#[test]
+fn answers_the_client_could_not_read_as_sent_are_502() {
+    let cases = [
+        (
+            "cl-te",
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            502,
+        ),
+        (
+            "gzip",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n\x1f\x08\x00g",
+            502,
+        ),
+        (
+            "gzip-chunked",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n4\r\n\x1f\x08\x00g\r\n0\r\n\r\n",
+            502,
+        ),
+        (
+            "unasked-101",
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
+            502,
+        ),
+        ("ten", "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 200),
+    ];
+    let mut yaml = String::from("upstreams:\n");
+    for (name, answer, _) in &cases {
+        yaml += &format!(
+            "  {name}: {{ targets: [\"http://{}\"], timeout: 5s }}\n",
+            raw_upstream(answer)
+        );
+    }
+    yaml += "routes:\n";
+    for (name, _, _) in &cases {
+        yaml += &format!("  - {{ name: {name}, match: {{ path: /{name} }}, upstream: {name} }}\n");
+    }
+    let s = Sluice::start(&yaml);
+    for (name, _, want) in cases {
+        let ex = send(
+            &s,
+            &format!("GET /{name} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+        );
+        assert_eq!(status(&ex), want, "{name}: {}", ex.text());
+        let text = ex.text();
+        assert!(text.starts_with("HTTP/1.1 "), "{name}: {text}");
+        if want == 502 {
+            assert_eq!(
+                ex.one().json()["status"],
+                502,
+                "{name}: problem+json: {text}"
+            );
+        } else {
+            assert!(text.ends_with("\r\n\r\nok"), "{name}: {text}");
+        }
+    }
+}
