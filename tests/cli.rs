@@ -103,6 +103,47 @@ fn unknown_key_is_an_error_at_its_position() {
     assert!(e[0].contains("unknown field `burts`"), "{e:?}");
 }
 
+/// Inside a list of listeners too: each error at its own line, not at the file's start.
+#[test]
+fn a_listener_error_is_at_its_position() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\nroutes: []\n";
+    let cases = [
+        (
+            "listen:\n  - address: 127.0.0.1:1\n    bogus: 1\n",
+            "F:4:5: ",
+            "unknown field `bogus`",
+        ),
+        (
+            "listen:\n  - address: 127.0.0.1:1\n    tls:\n      ciphers: []\n",
+            "F:5:7: ",
+            "unknown field `ciphers`",
+        ),
+        (
+            "listen:\n  - proxy_protocol: true\n",
+            "F:3:5: ",
+            "missing field `address`",
+        ),
+        (
+            "listen:\n  - address: 127.0.0.1:1\n    proxy_protocol: yes please\n",
+            "F:4:21: ",
+            "proxy_protocol",
+        ),
+        (
+            "listen: 5\n",
+            "F:2:9: ",
+            "an address (IP:PORT) or a list of listeners",
+        ),
+    ];
+    for (listen, at, what) in cases {
+        let e = errors(&format!("admin_listen: 127.0.0.1:2\n{listen}{up}"));
+        assert_eq!(e.len(), 1, "{listen:?}: {e:?}");
+        assert!(
+            e[0].starts_with(at) && e[0].contains(what),
+            "{listen:?}: {e:?}"
+        );
+    }
+}
+
 #[test]
 fn yaml_syntax_error_has_a_position() {
     let e = errors("upstreams: {}\nroutes: [\n");

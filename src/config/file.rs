@@ -83,18 +83,24 @@ impl Default for Listen {
 
 impl<'de> Deserialize<'de> for Listen {
     /// By hand rather than `untagged`, so a typo inside a listener is reported as itself
-    /// and not as "did not match any variant".
+    /// and not as "did not match any variant"; and straight from the file's events rather
+    /// than through a `serde_yaml::Value`, which would lose where in the file it is.
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        use serde::de::Error;
-        match serde_yaml::Value::deserialize(d)? {
-            serde_yaml::Value::String(s) => Ok(Listen::Address(s)),
-            v @ serde_yaml::Value::Sequence(_) => serde_yaml::from_value(v)
-                .map(Listen::List)
-                .map_err(|e| D::Error::custom(format!("listen: {e}"))),
-            _ => Err(D::Error::custom(
-                "listen must be an address (IP:PORT) or a list of listeners",
-            )),
+        struct Either;
+        impl<'de> serde::de::Visitor<'de> for Either {
+            type Value = Listen;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an address (IP:PORT) or a list of listeners")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Listen, E> {
+                Ok(Listen::Address(s.to_owned()))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<Listen, A::Error> {
+                let seq = serde::de::value::SeqAccessDeserializer::new(seq);
+                Vec::<Listener>::deserialize(seq).map(Listen::List)
+            }
         }
+        d.deserialize_any(Either)
     }
 }
 

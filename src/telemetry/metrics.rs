@@ -279,12 +279,15 @@ impl Metrics {
 
     /// The certificates each TLS listener now serves: `(listener, cert name, notAfter)`.
     /// Series of certificates no longer served are removed.
+    /// Certificates of one listener that share their first DNS name (an RSA and an ECDSA
+    /// pair for one site, say) share a series, which holds the soonest notAfter: the one an
+    /// expiry alert must see.
     pub fn set_certificates(&self, certs: &[(String, String, i64)]) {
         self.tls_expiry.reset();
-        for (listener, name, not_after) in certs {
+        for ((listener, name), not_after) in soonest(certs) {
             self.tls_expiry
                 .with_label_values(&[listener, name])
-                .set(*not_after);
+                .set(not_after);
         }
     }
 
@@ -429,5 +432,46 @@ pub fn status_class(status: u16) -> usize {
         300..=399 => 2,
         400..=499 => 3,
         _ => 4,
+    }
+}
+
+/// Each (listener, name)'s soonest notAfter.
+fn soonest(certs: &[(String, String, i64)]) -> std::collections::BTreeMap<(&str, &str), i64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for (listener, name, not_after) in certs {
+        by_name
+            .entry((listener.as_str(), name.as_str()))
+            .and_modify(|t: &mut i64| *t = (*t).min(*not_after))
+            .or_insert(*not_after);
+    }
+    by_name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn certificates_sharing_a_name_show_the_soonest_expiry() {
+        let c = |l: &str, n: &str, t| (l.to_owned(), n.to_owned(), t);
+        let certs = [
+            c("a:443", "shared.example", 300),
+            c("a:443", "shared.example", 100),
+            c("a:443", "other.example", 200),
+            c("b:443", "shared.example", 400),
+        ];
+        let m = Metrics::new();
+        m.set_certificates(&certs);
+        let text = m.render();
+        let series = "sluice_tls_certificate_expiry_timestamp_seconds";
+        for (listener, cert, t) in [
+            ("a:443", "shared.example", 100),
+            ("a:443", "other.example", 200),
+            ("b:443", "shared.example", 400),
+        ] {
+            let line = format!("{series}{{cert=\"{cert}\",listener=\"{listener}\"}} {t}");
+            assert!(text.contains(&line), "{line}\n{text}");
+        }
+        assert_eq!(text.matches(&format!("{series}{{")).count(), 3, "{text}");
     }
 }
