@@ -144,6 +144,40 @@ fn a_listener_error_is_at_its_position() {
     }
 }
 
+/// `routes:` or `upstreams:` with nothing after it (a file caught mid-write reads so) is an
+/// error at the section, not an empty list that would turn every request into a 404.
+#[test]
+fn an_empty_required_section_is_an_error_at_it() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    let e = errors(&format!("{up}routes:\n"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("F:3:1: ") && e[0].contains("`routes` is empty"),
+        "{e:?}"
+    );
+    let e = errors("workers: 1\nupstreams:\nroutes: []\n");
+    assert!(
+        e[0].starts_with("F:2:1: ") && e[0].contains("`upstreams` is empty"),
+        "{e:?}"
+    );
+    let (code, _, err, _) = check(&format!("{up}routes: []\n"));
+    assert_eq!(code, 0, "`routes: []` says none on purpose: {err}");
+}
+
+/// An API key written as a scalar instead of a list is refused without being echoed.
+#[test]
+fn a_key_that_is_not_a_list_is_not_echoed() {
+    let e = errors(
+        "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\nroutes: []\nplans: { p: { limits: [{ name: l, by: consumer, algorithm: gcra, rate: 1/s }] } }\nconsumers:\n  - name: c\n    plan: p\n    keys: SECRET-KEY-123\n",
+    );
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("F:8:11: ") && e[0].contains("must be a list"),
+        "{e:?}"
+    );
+    assert!(!e[0].contains("SECRET-KEY-123"), "{e:?}");
+}
+
 #[test]
 fn yaml_syntax_error_has_a_position() {
     let e = errors("upstreams: {}\nroutes: [\n");

@@ -624,6 +624,25 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         !err.contains(FREE_KEY),
         "the key itself is never echoed: {err}"
     );
+    // One key twice under one consumer, in `keys` and in `keys_sha256`: an error at its
+    // position (it panicked once: the consumer was not in the list yet).
+    let twice = good.replace(
+        &format!("keys: [{PRO_KEY}]"),
+        &format!(
+            "keys: [{PRO_KEY}, {PRO_KEY}]\n    keys_sha256: [{}]",
+            sha256_hex(PRO_KEY)
+        ),
+    );
+    let (ok, _, err) = check_config(dir.path(), &twice);
+    assert!(!ok, "{twice}");
+    // The digest is read first; both `keys` entries then repeat it.
+    assert_eq!(
+        err.matches("this key is already listed for consumer `bigco`")
+            .count(),
+        2,
+        "{err}"
+    );
+    assert!(!err.contains("panicked") && !err.contains(PRO_KEY), "{err}");
     // A route limit keyed by consumer needs `consumers:` on its route.
     let keyed = good.replace(
         "    consumers: optional\n    limits:\n      - { name: per-ip, by: ip,",

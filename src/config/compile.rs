@@ -1243,6 +1243,11 @@ fn consumer_list(
             .by_digest
             .get(&digest)
         {
+            // This consumer is not in `list` yet: a key it names twice is its own.
+            Some(&other) if other == index => here.err(
+                &at,
+                format!("{shown} is already listed for consumer `{}`", k.name),
+            ),
             Some(&other) => here.err(
                 &at,
                 format!(

@@ -34,7 +34,9 @@ pub struct File {
     pub responses: Responses,
     #[serde(default)]
     pub paths: Paths,
+    #[serde(deserialize_with = "present_upstreams")]
     pub upstreams: BTreeMap<String, Upstream>,
+    #[serde(deserialize_with = "present_routes")]
     pub routes: Vec<Route>,
     /// Named lists of limits a consumer's requests get (SPEC §10).
     #[serde(default)]
@@ -63,7 +65,7 @@ pub struct Consumer {
     #[serde(default)]
     pub keys_sha256: Vec<String>,
     /// Plain keys: hashed at load, never logged or stored. Never shown by `/admin/config`.
-    #[serde(default, skip_serializing)]
+    #[serde(default, skip_serializing, deserialize_with = "key_list")]
     pub keys: Vec<String>,
 }
 
@@ -475,4 +477,66 @@ pub struct Limit {
     /// `false`: never shown in the RateLimit fields.
     #[serde(default = "d_true")]
     pub headers: bool,
+}
+
+/// A required section written with nothing after it (`routes:`, as a file caught mid-write
+/// may read) is an error, not an empty list; `routes: []` says "none" on purpose. The error
+/// starts with the section's name in backticks, which [`parse_yaml`](super::parse_yaml)
+/// places at the section (serde_yaml gives such an error no position).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+    name: &str,
+) -> Result<T, D::Error> {
+    use serde::de::Error;
+    Option::<T>::deserialize(d)?
+        .ok_or_else(|| D::Error::custom(format!("`{name}` is empty (write `[]` for none)")))
+}
+
+fn present_routes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Route>, D::Error> {
+    present(d, "routes")
+}
+
+fn present_upstreams<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, Upstream>, D::Error> {
+    present(d, "upstreams")
+}
+
+/// Plain API keys: a list. Anything else is refused without its value, which would be a key
+/// in clear in the error (on stderr, in the log, in the admin API's answer to a reload).
+fn key_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct Keys;
+    impl<'de> serde::de::Visitor<'de> for Keys {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a list of API keys")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut keys = Vec::new();
+            while let Some(k) = seq.next_element::<String>()? {
+                keys.push(k);
+            }
+            Ok(keys)
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Self::Value, E> {
+            Err(E::custom(NOT_A_LIST))
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Self::Value, E> {
+            Err(E::custom(NOT_A_LIST))
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Self::Value, E> {
+            Err(E::custom(NOT_A_LIST))
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(NOT_A_LIST))
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Self::Value, E> {
+            Err(E::custom(NOT_A_LIST))
+        }
+    }
+    const NOT_A_LIST: &str = "`keys` must be a list, `keys: [KEY]` (the value is not shown)";
+    d.deserialize_any(Keys)
 }

@@ -111,7 +111,16 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
         }]));
     }
     serde_yaml::from_str(text).map_err(|e| {
-        let (line, col) = e.location().map_or((1, 1), |l| (l.line(), l.column()));
+        // An error that names a top-level section first (`routes` is empty, say) is placed
+        // at that section: serde_yaml places it at the document's start.
+        let section = || {
+            let name = e.to_string();
+            let name = name.strip_prefix('`')?.split('`').next()?.to_owned();
+            let at = position::Positions::index(text).of(&name);
+            Some((at.line, at.col))
+        };
+        let (line, col) =
+            section().unwrap_or_else(|| e.location().map_or((1, 1), |l| (l.line(), l.column())));
         // serde_yaml appends " at line L column C"; the position goes in front instead.
         let msg = e.to_string();
         let msg = match msg.rfind(" at line ") {
