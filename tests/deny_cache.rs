@@ -2,8 +2,9 @@
 //! a hammered key costs one store call per retry window (none at all once an admission took
 //! the last unit), the cached 429s carry the same fields as the store's, and the cache never
 //! refuses what the store would admit (an admin reset and a reload that raises the limit are
-//! seen at once; a smaller cost still asks the store; a request refused by another limit
-//! charged nothing and caches nothing).
+//! seen at once; another cost than the refused one asks the store, so every Retry-After is
+//! the store's; an admission that empties a sliding limit keeps nothing; a request refused by
+//! another limit charged nothing and caches nothing).
 
 mod support;
 
@@ -203,4 +204,59 @@ async fn a_request_another_limit_refused_charged_nothing_and_caches_nothing() {
     assert_eq!(last.status, 429);
     assert_eq!(last.json()["limit"], "per-ip");
     assert_eq!(up.hits(), 2);
+}
+
+/// The cache's `Retry-After` is the store's. A larger cost than the cached refusal's waits
+/// longer, by what only the store knows, so it asks the store (with cost 2 cached, a cost-6
+/// request on a bucket of one token per 2 s needs 10 s more, not the 2 s the entry says).
+#[tokio::test]
+async fn a_larger_cost_asks_the_store_for_its_exact_wait() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let bucket = "{ name: per-ip, by: ip, algorithm: token_bucket, rate: 1/2s, burst: 6, cost: { header: X-Cost, default: 1, max: 6 } }";
+    let s = Sluice::start(&config_with(&redis, &up, &[bucket.to_owned()]));
+    let c = client();
+    assert_eq!(hit(&c, &s, "6").await.status, 200);
+    // Cost 1 refused from the entry the emptying admission left: 2 s for the first token.
+    let one = hit(&c, &s, "1").await;
+    assert_eq!(one.status, 429, "{}", one.text());
+    let base = script_calls(&redis);
+    let six = hit(&c, &s, "6").await;
+    assert_eq!(six.status, 429, "{}", six.text());
+    assert_eq!(
+        script_calls(&redis),
+        base + 1,
+        "the larger cost asked the store"
+    );
+    let retry: u64 = six.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        (11..=12).contains(&retry),
+        "six tokens are 12 s away, not 2: {retry}"
+    );
+}
+
+/// An admission that empties two limits, one of them sliding (whose reply does not say when
+/// its first unit frees), keeps no entry: the other limit's entry would answer with its own
+/// wait, shorter than the request's.
+#[tokio::test]
+async fn an_admission_that_also_empties_a_sliding_limit_caches_nothing() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let limits = [
+        "{ name: burst, by: ip, algorithm: gcra, rate: 1/3s }".to_owned(),
+        "{ name: hourly, by: ip, algorithm: sliding_log, rate: 1/1h }".to_owned(),
+    ];
+    let s = Sluice::start(&config_with(&redis, &up, &limits));
+    let c = client();
+    assert_eq!(hit(&c, &s, "1").await.status, 200);
+    let base = script_calls(&redis);
+    let r = hit(&c, &s, "1").await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    assert_eq!(script_calls(&redis), base + 1, "the store was asked");
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(
+        retry > 3500,
+        "the hourly limit's wait, not the burst's 3 s: {retry}"
+    );
+    assert_eq!(r.json()["limit"], "hourly");
 }

@@ -1,16 +1,17 @@
 //! An exact local deny cache in front of a remote store.
 //!
 //! When the store says a request of cost `c` on key `k` is limited with retry-after `R`, no
-//! request of cost `c` or more on `k` can be admitted before `R` has passed: other gateways
-//! only ever consume, never refill, and every algorithm needs at least as long for a larger
-//! cost. The same holds when it admits a request that leaves nothing, with `c` = 1 and `R`
-//! the wait until one unit is back ([`refusal_after`](super::algo::refusal_after)). So until
-//! then the gateway answers 429 itself, without a store round trip; a hammered key costs
-//! about one store call per retry window per gateway (none past the admission that emptied it).
+//! request of cost `c` on `k` can be admitted before `R` has passed: other gateways only ever
+//! consume, never refill. The same holds when it admits a request that leaves nothing, with
+//! `c` = 1 and `R` the wait until one unit is back
+//! ([`refusal_after`](super::algo::refusal_after)). So until then the gateway answers 429
+//! itself, without a store round trip; a hammered key costs about one store call per retry
+//! window per gateway (none past the admission that emptied it).
 //!
 //! It never refuses what the store would admit: `R` is counted from when the call was *sent*
-//! (the store decided at or after that instant), on the monotonic clock. A request of a smaller
-//! cost still asks the store. Shadow limits are never cached. An admin reset forgets the key;
+//! (the store decided at or after that instant), on the monotonic clock. And its `Retry-After`
+//! is the store's: a request of another cost asks the store (a smaller one may fit, a larger
+//! one waits longer by what only the store knows). Shadow limits are never cached. An admin reset forgets the key;
 //! a reload forgets everything (a rate edit keeps the key but changes what it admits).
 //! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones (at most
 //! every `PRUNE_EVERY`, so a cache full of live entries costs an insert no scan), and if it
@@ -69,7 +70,7 @@ impl DenyCache {
         }
         let k = self.shards.hashed(key);
         let e = *self.shards.of(k).lock().get(k)?;
-        if now >= e.until || cost < e.cost {
+        if now >= e.until || cost != e.cost {
             return None;
         }
         let left = e.until.duration_since(now);
@@ -185,7 +186,7 @@ mod tests {
     }
 
     #[test]
-    fn refuses_the_same_or_larger_cost_until_the_wait_has_passed() {
+    fn refuses_the_same_cost_until_the_wait_has_passed() {
         let c = DenyCache::default();
         let t0 = Instant::now();
         c.refused("k", 2, limited(1_000_000), t0);
@@ -194,8 +195,8 @@ mod tests {
         assert_eq!(d.retry_after_us, 600_000);
         assert_eq!(d.reset_after_us, 1_600_000);
         assert!(
-            c.check("k", 5, t0).is_some(),
-            "a larger cost waits at least as long"
+            c.check("k", 5, t0).is_none(),
+            "a larger cost waits longer, by what only the store knows: ask it"
         );
         assert!(
             c.check("k", 1, t0).is_none(),

@@ -279,11 +279,18 @@ pub async fn decide(
             if let Some(deny) = stores.deny {
                 // Remember a refusal, and an admission that used the last unit when the
                 // request passed (so it was charged): until a unit is back, the store refuses.
+                // An admission's entries answer with their own wait, which is the request's
+                // only if no other limit it emptied waits longer by an amount its reply does
+                // not say (a sliding algorithm's): then none are kept.
                 let charged = store::request_allowed(&calls, &d);
+                let said = |(c, dec): &(&LimitCall, &Decision)| {
+                    !cacheable(c) || dec.remaining > 0 || refusal_after(&c.params, dec).is_some()
+                };
+                let exact = charged && calls.iter().zip(&d).all(|p| said(&p));
                 for (c, dec) in calls.iter().zip(&d).filter(|(c, _)| cacheable(c)) {
                     if dec.code == Code::Limited {
                         deny.refused(&c.key, c.cost, *dec, started);
-                    } else if charged && c.op == Op::Decide {
+                    } else if exact && c.op == Op::Decide {
                         if let Some(next) = refusal_after(&c.params, dec) {
                             deny.refused(&c.key, 1, next, started);
                         }
