@@ -164,6 +164,29 @@ fn an_empty_required_section_is_an_error_at_it() {
     assert_eq!(code, 0, "`routes: []` says none on purpose: {err}");
 }
 
+/// Names the gateway makes itself start with `_` (a route `_plans` would share the plans'
+/// store keys); and a `workers` count no machine has is a typo.
+#[test]
+fn reserved_names_and_absurd_worker_counts_are_errors() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    let e = errors(&format!(
+        "workers: 100000\n{up}routes:\n  - {{ name: _plans, match: {{ path: / }}, upstream: api }}\n"
+    ));
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("F:1:1: `workers` must be at most 1024"),
+        "{e:?}"
+    );
+    assert!(e[1].starts_with("F:5:7: route name `_plans`"), "{e:?}");
+}
+
+/// A file saved with a UTF-8 byte-order mark reads like one without.
+#[test]
+fn a_byte_order_mark_is_not_part_of_the_config() {
+    let (code, _, err, _) = check(&format!("\u{feff}{OK}"));
+    assert_eq!(code, 0, "{err}");
+}
+
 /// An API key written as a scalar instead of a list is refused without being echoed.
 #[test]
 fn a_key_that_is_not_a_list_is_not_echoed() {

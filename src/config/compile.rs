@@ -86,7 +86,7 @@ impl Ctx<'_> {
         if !valid_name(name) {
             self.err(
                 path,
-                format!("{kind} name `{name}` must be non-empty [a-z0-9_-]"),
+                format!("{kind} name `{name}` must be non-empty [a-z0-9_-], not starting with `_`"),
             );
         } else if !seen.insert(name) {
             self.err(path, duplicate());
@@ -141,8 +141,15 @@ pub fn watched_files(config: &str, file: &File) -> Vec<PathBuf> {
     out
 }
 
+/// More worker threads than this is a typo, not a machine (each is a thread and a runtime).
+const MAX_WORKERS: usize = 1024;
+
+/// `[a-z0-9_-]`, not starting with `_`: names the gateway makes itself start with it (the
+/// `_none` route of metrics, the `_plans` route of plan limits' store keys, the `_anonymous`
+/// plan), and a route named `_plans` would share its counters with the consumers' plans.
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
+        && !s.starts_with('_')
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
 }
@@ -317,6 +324,12 @@ pub fn compile(
         }
     }
 
+    if file.workers > MAX_WORKERS {
+        c.err(
+            "workers",
+            format!("`workers` must be at most {MAX_WORKERS} (0: one per core)"),
+        );
+    }
     if !c.errors.is_empty() {
         c.errors.sort_by_key(|e| (e.line, e.col));
         return Err(ConfigErrors(c.errors));
@@ -1150,7 +1163,7 @@ fn plans(c: &mut Ctx<'_>, file: &File, prefix: &str) -> Vec<(Arc<str>, Vec<Limit
         if !valid_name(name) {
             c.err(
                 &base,
-                format!("plan name `{name}` must be non-empty [a-z0-9_-]"),
+                format!("plan name `{name}` must be non-empty [a-z0-9_-], not starting with `_`"),
             );
         }
         if plan.limits.is_empty() {

@@ -102,6 +102,8 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     name: &str,
     text: &str,
 ) -> Result<T, ConfigErrors> {
+    // A byte-order mark (some Windows editors write one) is not part of the YAML.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     if let Err((line, col, message)) = aliases::check(text) {
         return Err(ConfigErrors(vec![ConfigError {
             file: name.to_string(),
