@@ -310,3 +310,35 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
         }
     }
 }
+
+/// A client that leaves before its answer: hyper drops the request's future, and the request
+/// is still one access-log event (status 499, nginx's "client closed request") and one count,
+/// since the upstream ran it.
+#[test]
+fn a_request_whose_client_left_is_still_logged_as_499() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(b"GET /slow?ms=1500 HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(c);
+    s.wait_log(&["\"status\":499"]);
+    let log = s.log();
+    let line = log.lines().find(|l| l.contains("\"status\":499")).unwrap();
+    assert!(
+        line.contains("\"route\":\"all\"") && line.contains("\"path\":\"/slow\""),
+        "{line}"
+    );
+    assert_eq!(up.hits(), 1, "the upstream ran it");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let text = rt
+        .block_on(get(&client(), &s.admin_url("/metrics"), &[]))
+        .text();
+    let counted = metric(
+        &text,
+        "sluice_requests_total",
+        &[("route", "all"), ("outcome", "forwarded")],
+    );
+    assert_eq!(counted, 1.0, "{text}");
+}

@@ -96,16 +96,22 @@ impl Gateway {
         conn: Arc<ConnInfo>,
     ) -> Response<Body> {
         let (parts, body) = req.into_parts();
-        let mut ctx = Ctx::new(self.live.load_full(), parts, conn);
-        let res = match self.proxy(&mut ctx, body).await {
+        let mut handling = Handling {
+            gw: &self,
+            ctx: Ctx::new(self.live.load_full(), parts, conn),
+            answered: false,
+        };
+        let ctx = &mut handling.ctx;
+        let res = match self.proxy(ctx, body).await {
             Ok(res) => res,
             Err(e) => {
                 ctx.outcome = e.outcome();
                 e.into_response()
             }
         };
-        let res = self.respond(&ctx, res);
-        self.log(&ctx, res.status());
+        let res = self.respond(ctx, res);
+        self.log(ctx, res.status());
+        handling.answered = true;
         res
     }
 
@@ -497,6 +503,25 @@ impl Gateway {
             duration_us: 0,
             request_id: "-",
         });
+    }
+}
+
+/// A request's context while it is handled. Dropped before its answer (hyper drops the
+/// request's future when the client leaves, and the drain deadline drops what is left), it is
+/// still logged and counted, once, as status 499 (nginx's "client closed request") under the
+/// outcome reached so far: the upstream may have run it.
+struct Handling<'g> {
+    gw: &'g Gateway,
+    ctx: Ctx,
+    answered: bool,
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            let gone = StatusCode::from_u16(settle::CLIENT_GONE).expect("499 is a status");
+            self.gw.log(&self.ctx, gone);
+        }
     }
 }
 
