@@ -1021,6 +1021,59 @@ async fn cluster_gateway_limits_exactly() {
     );
 }
 
+/// On a cluster, a request whose limits live on two slots is decided in two rounds (a dry
+/// run, then the charges). One refused in the charge round (another request took the last
+/// unit in between) holds no concurrency slot afterwards: the slot that round took is freed at
+/// once, not when its 30 s lease ends.
+#[tokio::test]
+async fn cluster_a_request_refused_in_the_charge_round_holds_no_slot() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start();
+    let yaml = |rate: &str| {
+        config(
+            &cluster.store_map("timeout: 2s, pool_size: 4"),
+            "deny",
+            &up,
+            &[route(
+                "r",
+                "",
+                &[
+                    "{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }",
+                    &format!("{{ name: rt, by: route, algorithm: fixed_window, rate: {rate} }}"),
+                ],
+            )],
+        )
+    };
+    let s = Sluice::start(&yaml("1/1h"));
+    let c = client();
+    wait_store(&c, &s).await;
+    // 40 clients at once, one request each: they all pass the dry run before the first charge
+    // takes the one unit, so most are refused in the charge round.
+    let ips: Vec<String> = (1..=40).map(|i| format!("10.9.0.{i}")).collect();
+    let all = futures_util::future::join_all(ips.iter().map(|ip| hit(&c, &s, "/r", ip))).await;
+    let admitted = all.iter().filter(|r| r.status == 200).count();
+    assert_eq!(
+        admitted,
+        1,
+        "{:?}",
+        all.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    // With the route's rate lifted, every client, with nothing in flight, gets its slot.
+    s.rewrite_config(&yaml("1000/1h"));
+    s.wait_reloads("success", 1.0).await;
+    let mut held = Vec::new();
+    for ip in &ips {
+        let r = hit(&c, &s, "/r", ip).await;
+        if r.status != 200 {
+            held.push(format!("{ip}: {} {}", r.status, r.text()));
+        }
+    }
+    assert!(
+        held.is_empty(),
+        "slots still held by refused requests: {held:#?}"
+    );
+}
+
 /// A sentinel-discovered master: 3 admitted, then 429 with Retry-After, state in the master.
 #[tokio::test]
 async fn sentinel_gateway_limits() {

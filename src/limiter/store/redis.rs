@@ -51,7 +51,7 @@ use futures_util::future::{join_all, try_join_all};
 use super::batch::{self, Job};
 use super::breaker::Breaker;
 use super::{scripts, LimitCall, Peek, StoreError};
-use crate::limiter::algo::Decision;
+use crate::limiter::algo::{Algorithm, Decision, Op};
 use crate::model::policy::RedisMode;
 use crate::model::table::RedisSettings;
 
@@ -541,7 +541,31 @@ impl RedisStore {
         if !super::request_allowed(calls, &dry) {
             return Ok(dry);
         }
-        run(true).await
+        let charged = run(true).await?;
+        if super::request_allowed(calls, &charged) {
+            return Ok(charged);
+        }
+        // Refused in the charge round after all (another gateway filled a limit on another
+        // slot in between): a refused request holds no concurrency slot, so the slots this
+        // round took are freed now rather than when their lease runs out.
+        let taken: Vec<LimitCall> = calls
+            .iter()
+            .zip(&charged)
+            .filter(|(c, d)| {
+                c.op == Op::Decide && c.params.algorithm == Algorithm::Concurrency && d.allowed()
+            })
+            .map(|(c, _)| LimitCall {
+                op: Op::Release,
+                ..c.clone()
+            })
+            .collect();
+        if !taken.is_empty() {
+            // Boxed: the call is this function again (releases only: no dry run).
+            if let Err(e) = Box::pin(self.decide_across_slots(lane, &taken, id)).await {
+                tracing::debug!(error = %e, "freeing a refused request's slots failed; their lease ends them");
+            }
+        }
+        Ok(charged)
     }
 
     /// Connected and not failing: what the deny cache asks before answering for this store
