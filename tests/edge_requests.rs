@@ -342,3 +342,27 @@ fn a_request_whose_client_left_is_still_logged_as_499() {
     );
     assert_eq!(counted, 1.0, "{text}");
 }
+
+/// A failed upstream's cause (its address, the socket or TLS error) goes to the log, not to
+/// the client: the 502 says what kind of failure it was, as nginx's and Envoy's pages do.
+#[test]
+fn a_502_tells_the_client_the_kind_and_the_log_the_cause() {
+    let dead = format!("127.0.0.1:{}", free_port());
+    let s = Sluice::start(&format!(
+        "upstreams:\n  gone: {{ targets: [\"http://{dead}\"], timeout: 2s }}\nroutes:\n  - {{ name: gone, match: {{ path_prefix: / }}, upstream: gone }}\n"
+    ));
+    let ex = send(
+        &s,
+        "GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&ex), 502, "{}", ex.text());
+    let doc = ex.one().json();
+    assert_eq!(doc["detail"], "upstream unreachable", "{doc}");
+    assert!(!ex.text().contains(&dead), "{}", ex.text());
+    let log = s.wait_log(&["upstream failed"]);
+    let line = log.lines().find(|l| l.contains("upstream failed")).unwrap();
+    assert!(
+        line.contains(&dead) && line.contains("\"route\":\"gone\""),
+        "{line}"
+    );
+}

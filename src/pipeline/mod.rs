@@ -289,6 +289,13 @@ impl Gateway {
             Err(e) => {
                 if !matches!(e, ForwardError::ClientBody(_)) {
                     ctx.upstream_time = Some((secs, UPSTREAM_FAILED));
+                    // The cause stays here; the client's 502/504 says only what kind it was.
+                    tracing::warn!(
+                        route = &*route.name,
+                        request_id = ctx.rid.to_str().unwrap_or("-"),
+                        error = %e,
+                        "upstream failed"
+                    );
                 }
                 Err(e.into())
             }

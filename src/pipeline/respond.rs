@@ -92,6 +92,18 @@ impl GatewayError {
         }
     }
 
+    /// What the client is told. An upstream failure's cause (the target's address, a TLS or
+    /// socket error) is the operator's, not the client's: the log has it
+    /// ([`Gateway::forward`](super::Gateway)), the client the kind of failure, as nginx's
+    /// and Envoy's own 502 and 504 pages say no more.
+    fn public_detail(&self) -> String {
+        match self {
+            GatewayError::Upstream(ForwardError::Unreachable(_)) => "upstream unreachable".into(),
+            GatewayError::Upstream(ForwardError::Timeout(_)) => "upstream timed out".into(),
+            _ => self.to_string(),
+        }
+    }
+
     /// The problem+json document (RFC 9457 §3.1). Rate limiting uses the IANA
     /// `quota-exceeded` problem type; the others are `about:blank` with the status title.
     pub fn problem(&self) -> Problem<'_> {
@@ -105,7 +117,7 @@ impl GatewayError {
                 kind: "about:blank",
                 title: status.canonical_reason().unwrap_or("Error"),
                 status: status.as_u16(),
-                detail: self.to_string(),
+                detail: self.public_detail(),
                 route: None,
                 limit: None,
                 retry_after: None,

@@ -190,8 +190,8 @@ impl Upstream {
             let err = match tokio::time::timeout_at(deadline, sent).await {
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
-                        "no response head within {:?}",
-                        self.spec.timeout
+                        "no response head from {} within {:?}",
+                        target.name, self.spec.timeout
                     )))
                 }
                 Ok(Ok(res)) => return Ok((res, target.name.clone())),
@@ -205,7 +205,7 @@ impl Upstream {
                 {
                     return Err(ForwardError::ClientBody(chain(&e)))
                 }
-                SendError::Http(e) => return Err(classify(&e)),
+                SendError::Http(e) => return Err(classify(&e, &target.name)),
                 SendError::ConnectTimeout => {
                     return Err(ForwardError::Timeout(format!(
                         "connect to {} timed out after {:?}",
@@ -232,9 +232,9 @@ impl Upstream {
     }
 }
 
-/// A connection that failed after the request went out: 504 if a read or write timed out,
-/// else 502.
-fn classify(e: &hyper::Error) -> ForwardError {
+/// A connection to `target` that failed after the request went out: 504 if a read or write
+/// timed out, else 502.
+fn classify(e: &hyper::Error, target: &str) -> ForwardError {
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = false;
     while let Some(s) = src {
@@ -243,10 +243,11 @@ fn classify(e: &hyper::Error) -> ForwardError {
         }
         src = s.source();
     }
+    let what = format!("{target}: {}", chain(e));
     if timed_out {
-        ForwardError::Timeout(chain(e))
+        ForwardError::Timeout(what)
     } else {
-        ForwardError::Unreachable(chain(e))
+        ForwardError::Unreachable(what)
     }
 }
 
