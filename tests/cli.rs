@@ -129,7 +129,7 @@ fn a_listener_error_is_at_its_position() {
             "proxy_protocol",
         ),
         (
-            "listen: 5\n",
+            "listen: {}\n",
             "F:2:9: ",
             "an address (IP:PORT) or a list of listeners",
         ),
@@ -178,6 +178,32 @@ fn reserved_names_and_absurd_worker_counts_are_errors() {
         "{e:?}"
     );
     assert!(e[1].starts_with("F:5:7: route name `_plans`"), "{e:?}");
+}
+
+/// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan or header match
+/// is an error, not a silent replacement of the first.
+#[test]
+fn a_duplicate_mapping_key_is_an_error() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    for (yaml, key) in [
+        (
+            "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n  api: { targets: [http://127.0.0.1:2] }\nroutes: []\n".to_owned(),
+            "api",
+        ),
+        (
+            format!("{up}routes: []\nplans:\n  free: {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 1/s }}] }}\n  free: {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 9/s }}] }}\n"),
+            "free",
+        ),
+        (
+            format!("{up}routes:\n  - name: a\n    match: {{ path: /, headers: {{ X-Env: prod, X-Env: dev }} }}\n    upstream: api\n"),
+            "X-Env",
+        ),
+    ] {
+        let e = errors(&yaml);
+        assert_eq!(e.len(), 1, "{yaml}: {e:?}");
+        assert!(e[0].contains(&format!("duplicate key `{key}`")), "{e:?}");
+        assert!(!e[0].starts_with("F:1:1:"), "at the mapping, not the file's start: {e:?}");
+    }
 }
 
 /// A file saved with a UTF-8 byte-order mark reads like one without.
