@@ -179,8 +179,16 @@ async fn no_answer_is_charged_as_the_gateways_own_status() {
     );
     let s = Sluice::start(&yaml);
     let c = client();
-    assert_eq!(get(&c, &s.url("/"), &[]).await.status, 502);
-    assert_eq!(get(&c, &s.url("/"), &[]).await.status, 502);
+    // Each 502 advertises the state after its own charge, as an upstream's 5xx does.
+    for left in ["1", "0"] {
+        let r = get(&c, &s.url("/"), &[]).await;
+        assert_eq!(r.status, 502);
+        let field = r.header("ratelimit").unwrap_or_default();
+        assert!(
+            field.contains(&format!(";r={left};")),
+            "r={left}: {field:?}"
+        );
+    }
     assert_eq!(get(&c, &s.url("/"), &[]).await.status, 429);
 }
 

@@ -316,15 +316,7 @@ impl Gateway {
         if let Some(owed) = ctx.owed.take() {
             // Boxed: only these requests carry that future.
             let charged = Box::pin(owed.settle(res.status().as_u16(), Some(res.headers()))).await;
-            // The answer advertises the state after its own charge, when that is tighter.
-            let rules = ctx.route.map(|r| &ctx.live.table.routes[r].limits);
-            for (i, d) in charged {
-                let shown = rules.is_some_and(|l| l[i].headers && !l[i].shadow);
-                let adm = &mut ctx.admission;
-                if shown && adm.headline.is_none_or(|(_, h)| d.remaining < h.remaining) {
-                    adm.headline = Some((i, d));
-                }
-            }
+            settle::advertise(ctx, charged);
         }
         match ctx.leases.take() {
             Some(leases) => res.map(|b| body::holding(b, leases)),

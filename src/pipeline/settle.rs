@@ -31,10 +31,24 @@ use crate::telemetry::metrics::StoreMetrics;
 /// answer goes out.
 pub async fn unanswered(ctx: &mut super::context::Ctx, status: u16) {
     if let Some(owed) = ctx.owed.take() {
-        owed.settle(status, None).await;
+        let charged = owed.settle(status, None).await;
+        advertise(ctx, charged);
     }
     if let Some(leases) = ctx.leases.take() {
         leases.release().await;
+    }
+}
+
+/// The answer advertises the state after its own charge, where that is tighter than what
+/// the admission showed (the upstream's answer and the gateway's own 502/504 alike).
+pub fn advertise(ctx: &mut super::context::Ctx, charged: Vec<(usize, Decision)>) {
+    let rules = ctx.route.map(|r| &ctx.live.table.routes[r].limits);
+    for (i, d) in charged {
+        let shown = rules.is_some_and(|l| l[i].headers && !l[i].shadow);
+        let adm = &mut ctx.admission;
+        if shown && adm.headline.is_none_or(|(_, h)| d.remaining < h.remaining) {
+            adm.headline = Some((i, d));
+        }
     }
 }
 
