@@ -62,6 +62,60 @@ async fn rename_over_is_seen() {
     assert_eq!(admitted(&s, 6).await, 4);
 }
 
+/// A config path that is a symlink into another directory (`/etc/sluice.yaml` linked into a
+/// deploy tree): an edit of the file it resolves to, in place or renamed over, is seen, not
+/// only an event in the link's own directory.
+#[tokio::test]
+async fn a_change_behind_a_symlink_into_another_directory_is_seen() {
+    let up = Upstream::start();
+    let probe = Sluice::start(&limited(&up, "1/1h"));
+    let (addr, admin) = (probe.addr, probe.admin);
+    drop(probe);
+    let dir = tempfile::tempdir().unwrap();
+    let (etc, tree) = (dir.path().join("etc"), dir.path().join("tree"));
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::create_dir(&tree).unwrap();
+    let text = |rate: &str, name: &str| {
+        format!(
+            "listen: {addr}\nadmin_listen: {admin}\n{}",
+            limited(&up, rate).replace("per-ip", name)
+        )
+    };
+    std::fs::write(tree.join("real.yaml"), text("1/1h", "a")).unwrap();
+    std::os::unix::fs::symlink("../tree/real.yaml", etc.join("sluice.yaml")).unwrap();
+    let log = std::fs::File::create(dir.path().join("log")).unwrap();
+    let mut child = std::process::Command::new(sluice_bin())
+        .arg("run")
+        .arg("-c")
+        .arg(etc.join("sluice.yaml"))
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let reloads = || async {
+        let m = get(&client(), &format!("http://{admin}/metrics"), &[])
+            .await
+            .text();
+        metric(&m, "sluice_config_reloads_total", &[("result", "success")])
+    };
+    let started = eventually(Duration::from_secs(10), || async {
+        std::net::TcpStream::connect(addr).is_ok() && std::net::TcpStream::connect(admin).is_ok()
+    })
+    .await;
+    // In place, then renamed over: each is one reload.
+    std::fs::write(tree.join("real.yaml"), text("2/1h", "b")).unwrap();
+    let in_place = eventually(Duration::from_secs(5), || async { reloads().await >= 1.0 }).await;
+    std::fs::write(tree.join(".tmp"), text("3/1h", "c")).unwrap();
+    std::fs::rename(tree.join(".tmp"), tree.join("real.yaml")).unwrap();
+    let renamed = eventually(Duration::from_secs(5), || async { reloads().await >= 2.0 }).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+    assert!(
+        started && in_place && renamed,
+        "{started} {in_place} {renamed}\n{log}"
+    );
+}
+
 #[tokio::test]
 async fn kubernetes_symlink_swap_is_seen() {
     let up = Upstream::start();

@@ -233,7 +233,7 @@ fn fingerprint_of(text: &str, files: &[PathBuf]) -> String {
 fn watch_dirs(gw: &Runtime, files: &[PathBuf]) {
     let mut watcher = gw.watcher.lock();
     let Some(w) = watcher.as_mut() else { return };
-    for dir in files.iter().map(|f| watch_dir(f)) {
+    for dir in files.iter().flat_map(|f| chain_dirs(f)) {
         if let Err(e) = w.watch(&dir, RecursiveMode::NonRecursive) {
             tracing::warn!(dir = %dir.display(), error = %e, "cannot watch a directory the config reads from; reload with SIGHUP or POST /admin/reload");
         }
@@ -249,7 +249,9 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
             let _ = tx.send(());
         }
     })?;
-    watcher.watch(&watch_dir(&gw.config_path), RecursiveMode::NonRecursive)?;
+    for dir in chain_dirs(&gw.config_path) {
+        watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    }
     *gw.watcher.lock() = Some(watcher);
     let files = gw.last_seen.lock().files.clone();
     watch_dirs(&gw, &files);
@@ -273,6 +275,25 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The directories to watch for `path`: its own, and those of every link it resolves
+/// through (at most 8), so that a change behind a symlink into another directory is seen: a
+/// config linked from `/etc` into a deploy tree, certbot's `live/` links into `archive/`.
+fn chain_dirs(path: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![watch_dir(path)];
+    let mut at = path.to_path_buf();
+    for _ in 0..8 {
+        let Ok(next) = std::fs::read_link(&at) else {
+            break;
+        };
+        at = watch_dir(&at).join(next);
+        let dir = watch_dir(&at);
+        if !dirs.contains(&dir) {
+            dirs.push(dir);
+        }
+    }
+    dirs
 }
 
 fn watch_dir(path: &Path) -> PathBuf {
