@@ -67,6 +67,11 @@ enum LogFormat {
 static GLOBAL: sluice::alloc::Mimalloc = sluice::alloc::Mimalloc;
 
 fn main() -> ExitCode {
+    // Compose and Helm templates often set SLUICE_CONFIG to an empty string: that is unset
+    // (the default applies), not a config path clap would refuse as missing.
+    if std::env::var_os("SLUICE_CONFIG").is_some_and(|v| v.is_empty()) {
+        std::env::remove_var("SLUICE_CONFIG");
+    }
     let cli = Cli::parse();
     match cli.command.unwrap_or(Command::Run) {
         Command::Check { connect } => check(&cli.config, connect),

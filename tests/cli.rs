@@ -68,6 +68,23 @@ fn the_shipped_default_config_is_valid() {
     );
 }
 
+/// An empty `SLUICE_CONFIG` (as templates often set it) is unset: `config/sluice.yaml`.
+#[test]
+fn an_empty_env_var_falls_back_to_the_default_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("config")).unwrap();
+    std::fs::write(dir.path().join("config/sluice.yaml"), OK).unwrap();
+    let out = Command::new(support::sluice_bin())
+        .arg("check")
+        .env("SLUICE_CONFIG", "")
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("config/sluice.yaml"));
+}
+
 #[test]
 fn config_path_defaults_to_env_var() {
     let dir = tempfile::tempdir().unwrap();
