@@ -494,9 +494,18 @@ async fn password_protected_redis_needs_the_password() {
         .conn()
         .cmd_ok(&["CONFIG", "SET", "requirepass", "s3cret"]);
     let mut s = settings(RedisMode::Standalone, Some(redis.url()), vec![]);
-    // Without it: the store never answers, and says why (no hang).
+    // Without it: the store never answers, and says why (no hang): Redis's own refusal, so
+    // that an operator looks at the credentials, not the network.
     let store = Arc::new(RedisStore::connect(&s, None).unwrap());
-    assert!(store.wait_connected(Duration::from_secs(2)).await.is_err());
+    let e = store
+        .wait_connected(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    let why = e.to_string();
+    assert!(
+        why.contains("NOAUTH") || why.contains("WRONGPASS") || why.contains("auth"),
+        "{why}"
+    );
     // `password_env` resolves into `password`, which wins over the URL.
     s.password = Some("s3cret".into());
     let store = Arc::new(RedisStore::connect(&s, None).unwrap());

@@ -92,6 +92,10 @@ struct Lane {
     /// Its own: a worker whose connections fail must not open the breaker for workers whose
     /// connections answer, nor their successes keep its failures from opening it.
     breaker: Breaker,
+    /// The last error a connection of the lane reported (a refused password, a refused
+    /// connection, a TLS failure): what "not connected" is told with, so that an operator is
+    /// pointed at the credentials rather than the network.
+    last_error: Arc<parking_lot::Mutex<Option<String>>>,
 }
 
 impl Lane {
@@ -108,6 +112,14 @@ impl Lane {
             // Unlimited attempts, every 100 ms: back within the 2 s recovery budget.
             .set_policy(ReconnectPolicy::new_constant(0, 100))
             .build_pool(size)?;
+        let last_error = Arc::new(parking_lot::Mutex::new(None));
+        for client in pool.clients() {
+            let last = last_error.clone();
+            client.on_error(move |(e, _)| {
+                *last.lock() = Some(e.to_string());
+                async { Ok(()) }
+            });
+        }
         pool.connect();
         Ok(Lane {
             index,
@@ -115,6 +127,15 @@ impl Lane {
             queue: batch::Queue::new(size),
             ever_connected: AtomicBool::new(false),
             breaker: Breaker::default(),
+            last_error,
+        })
+    }
+
+    /// Why it is not connected, with the last error its connections reported.
+    fn not_connected(&self, what: &str) -> StoreError {
+        StoreError::Connection(match &*self.last_error.lock() {
+            Some(e) => format!("{what} (last error: {e})"),
+            None => what.to_owned(),
         })
     }
 }
@@ -366,9 +387,9 @@ impl RedisStore {
                 Err(_) => Err(StoreError::Timeout),
             },
             Ok(Err(e)) => Err(store_error(&e)),
-            Err(_) => Err(StoreError::Connection(format!(
-                "no connection within {within:?}"
-            ))),
+            Err(_) => Err(self
+                .first()
+                .not_connected(&format!("no connection within {within:?}"))),
         }
     }
 
@@ -414,7 +435,7 @@ impl RedisStore {
             client = lane.pool.next_connected();
         }
         if !client.is_connected() {
-            return Err(StoreError::Connection("not connected to redis".into()));
+            return Err(lane.not_connected("not connected to redis"));
         }
         lane.ever_connected.store(true, Ordering::Release);
         Ok(client.with_options(&self.opts))
@@ -868,7 +889,7 @@ impl RedisStore {
     async fn ping_lane(&self, lane: &Lane) -> Result<(), StoreError> {
         let client = lane.pool.next_connected();
         if !client.is_connected() {
-            return Err(StoreError::Connection("not connected to redis".into()));
+            return Err(lane.not_connected("not connected to redis"));
         }
         client
             .with_options(&self.opts)
