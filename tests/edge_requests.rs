@@ -366,3 +366,44 @@ fn a_502_tells_the_client_the_kind_and_the_log_the_cause() {
         "{line}"
     );
 }
+
+/// An HTTP/2 connection with no request open is closed after `client_header_timeout` (hyper's
+/// HTTP/2 server has no idle timer): one that sent the preface and its SETTINGS, then nothing.
+#[test]
+fn an_idle_http2_connection_is_closed() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let started = Instant::now();
+    let mut buf = [0; 256];
+    loop {
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => continue, // the server's SETTINGS and its acknowledgement of ours
+            Err(e) => panic!("still open after {:?}: {e}", started.elapsed()),
+        }
+    }
+}
+
+/// … but not one whose request is still being answered, however long the upstream takes.
+#[test]
+fn a_slow_http2_answer_is_not_idle() {
+    let up = Upstream::start();
+    let s = login_gateway(&up);
+    let out = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{http_version}",
+        ])
+        .arg(s.url("/slow?ms=2500"))
+        .output()
+        .expect("curl (apt-get install -y curl)");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200 2", "{out:?}");
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 
 /// The HTTP/2 connection preface (RFC 9113 §3.4).
-const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(super) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Read until the bytes so far either differ from the HTTP/2 preface (HTTP/1) or hold all of
 /// it, or the client closed. `Err(TimedOut)` when that took longer than `limit`.

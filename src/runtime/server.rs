@@ -23,9 +23,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 
-use super::preface;
 use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
+use super::{idle, preface};
 use crate::net::Gather;
 use crate::pipeline::context::ConnInfo;
 
@@ -290,10 +290,32 @@ where
                 return;
             }
         };
+        let h2 = seen == preface::PREFACE;
         let io = preface::Rewind::new(seen, io);
+        if h2 {
+            // HTTP/2 has no idle timer of its own in hyper: see `idle`.
+            let activity = idle::Activity::new();
+            let io = idle::IdleIo::new(io, activity.clone(), self.header_timeout);
+            self.serve_http(io, info, Some(activity)).await
+        } else {
+            self.serve_http(io, info, None).await
+        }
+    }
+
+    /// Serve HTTP on `io` (its first bytes read already); an HTTP/2 connection's requests
+    /// and answer bodies are counted in `activity`.
+    async fn serve_http<IO>(
+        self,
+        io: IO,
+        info: Arc<ConnInfo>,
+        activity: Option<Arc<idle::Activity>>,
+    ) where
+        IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let h = self.handler;
         let svc = service_fn(move |req: Request<Incoming>| {
             let h = h.clone();
+            let busy = activity.as_ref().map(idle::Activity::begin);
             // What the panic log and answer need, taken before the handler owns `req`.
             let (method, uri) = (req.method().clone(), req.uri().clone());
             let client_rid = req.headers().get(X_REQUEST_ID).cloned();
@@ -308,7 +330,10 @@ where
                     Ok(res) => res,
                     Err(p) => panicked(&*p, &method, &uri, peer, client_rid),
                 };
-                Ok::<_, Infallible>(res)
+                Ok::<_, Infallible>(match busy {
+                    Some(busy) => idle::track(res, busy),
+                    None => res,
+                })
             }
         });
         let conn = self
