@@ -551,6 +551,23 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         "{err}"
     );
 
+    // A valid leaf whose chain holds an expired certificate: every verifying client would
+    // fail, so the pair is refused as expired, naming the chain's certificate.
+    let chained = dir.path().join("chained.crt");
+    let chain = std::fs::read_to_string(&good.cert).unwrap()
+        + &std::fs::read_to_string(&expired.cert).unwrap();
+    std::fs::write(&chained, chain).unwrap();
+    let (path, text) = write("chain.yaml", &entry(&chained, &good.key));
+    let (ok, _, err) = check(&path);
+    assert!(!ok, "{err}");
+    let line = line_of(&text, "chained.crt");
+    assert!(
+        err.starts_with(&format!("{}:{line}:", path.display()))
+            && err.contains("good.test's chain: expired.test")
+            && err.contains("expired"),
+        "{err}"
+    );
+
     let (path, text) = write(
         "missing.yaml",
         &entry(&dir.path().join("nope.crt"), &good.key),

@@ -104,14 +104,25 @@ impl CertInfo {
 }
 
 /// Load one certificate/key pair: both readable, the key the certificate's, not expired at
-/// `now`.
+/// `now`. The pair lasts as long as the first of its chain to expire: an expired intermediate
+/// fails every client that verifies the chain, as an expired leaf does, so its `notAfter` is
+/// the pair's (in `check`'s days left, the expiry gauge and this refusal) and the name is
+/// that certificate's.
 pub fn load_pair(
     cert: &Path,
     key: &Path,
     now: SystemTime,
 ) -> Result<(CertifiedKey, CertInfo), TlsError> {
     let chain = read_chain(cert, "certificate")?;
-    let info = CertInfo::parse(&chain[0], cert)?;
+    let mut info = CertInfo::parse(&chain[0], cert)?;
+    let mut first_to_expire = info.name.clone();
+    for c in &chain[1..] {
+        let other = CertInfo::parse(c, cert)?;
+        if other.not_after < info.not_after {
+            info.not_after = other.not_after;
+            first_to_expire = format!("{}'s chain: {}", info.name, other.name);
+        }
+    }
     let der = read_key(key)?;
     let certified = CertifiedKey::from_der(chain, der, &super::provider()).map_err(|e| {
         TlsError::KeyMismatch {
@@ -123,7 +134,7 @@ pub fn load_pair(
     if info.seconds_left(now) <= 0 {
         return Err(TlsError::Expired {
             path: cert.display().to_string(),
-            name: info.name,
+            name: first_to_expire,
             not_after: info.not_after,
         });
     }
