@@ -48,6 +48,16 @@ fn status(ex: &Exchange) -> u16 {
     }
 }
 
+/// `sluice_requests_total{route, outcome}` as the admin listener reports it now.
+fn requests_total(s: &Sluice, route: &str, outcome: &str) -> f64 {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let text = rt
+        .block_on(get(&client(), &s.admin_url("/metrics"), &[]))
+        .text();
+    let labels = [("route", route), ("outcome", outcome)];
+    metric(&text, "sluice_requests_total", &labels)
+}
+
 /// The upstream's hit count once anything the gateway might still be sending has landed.
 fn settled_hits(up: &Upstream) -> usize {
     std::thread::sleep(Duration::from_millis(300));
@@ -219,16 +229,7 @@ fn heads_hyper_refuses_are_logged_and_counted() {
         refused.iter().all(|l| l.contains("\"route\":\"_none\"")),
         "{refused:?}"
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let text = rt
-        .block_on(get(&client(), &s.admin_url("/metrics"), &[]))
-        .text();
-    let counted = metric(
-        &text,
-        "sluice_requests_total",
-        &[("route", "_none"), ("outcome", "rejected_request")],
-    );
-    assert_eq!(counted, 2.0, "{text}");
+    assert_eq!(requests_total(&s, "_none", "rejected_request"), 2.0);
 }
 
 /// An upstream that answers every request with `answer` and closes.
@@ -331,16 +332,7 @@ fn a_request_whose_client_left_is_still_logged_as_499() {
         "{line}"
     );
     assert_eq!(up.hits(), 1, "the upstream ran it");
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    let text = rt
-        .block_on(get(&client(), &s.admin_url("/metrics"), &[]))
-        .text();
-    let counted = metric(
-        &text,
-        "sluice_requests_total",
-        &[("route", "all"), ("outcome", "forwarded")],
-    );
-    assert_eq!(counted, 1.0, "{text}");
+    assert_eq!(requests_total(&s, "all", "forwarded"), 1.0);
 }
 
 /// A failed upstream's cause (its address, the socket or TLS error) goes to the log, not to
