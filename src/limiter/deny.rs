@@ -11,11 +11,12 @@
 //! It never refuses what the store would admit: `R` is counted from when the call was *sent*
 //! (the store decided at or after that instant), on the monotonic clock. And its `Retry-After`
 //! is the store's: a request of another cost asks the store (a smaller one may fit, a larger
-//! one waits longer by what only the store knows). Shadow limits are never cached. An admin reset forgets the key;
-//! a reload forgets everything (a rate edit keeps the key but changes what it admits).
-//! Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its expired ones (at most
-//! every `PRUNE_EVERY`, so a cache full of live entries costs an insert no scan), and if it
-//! is still full the new entry is not kept (the store simply gets asked again).
+//! one waits longer by what only the store knows). Shadow limits are never cached. An admin
+//! reset forgets the key; a reload forgets everything (a rate edit keeps the key but changes
+//! what it admits). Memory is bounded: past [`MAX_ENTRIES`] entries a shard drops its
+//! expired ones (at most every `PRUNE_EVERY`, so a cache full of live entries costs an insert
+//! no scan), and if it is still full the new entry is not kept (the store simply gets asked
+//! again).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
