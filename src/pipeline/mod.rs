@@ -508,7 +508,8 @@ impl Gateway {
 /// A request's context while it is handled. Dropped before its answer (hyper drops the
 /// request's future when the client leaves, and the drain deadline drops what is left), it is
 /// still logged and counted, once, as status 499 (nginx's "client closed request") under the
-/// outcome reached so far: the upstream may have run it.
+/// outcome reached so far: the upstream may have run it. (Dropped by a panic: as the 500 the
+/// client gets.)
 struct Handling<'g> {
     gw: &'g Gateway,
     ctx: Ctx,
@@ -518,8 +519,13 @@ struct Handling<'g> {
 impl Drop for Handling<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            let gone = StatusCode::from_u16(settle::CLIENT_GONE).expect("499 is a status");
-            self.gw.log(&self.ctx, gone);
+            // Unwinding from a panic, the server answers 500 (`runtime::server::panicked`).
+            let status = if std::thread::panicking() {
+                StatusCode::INTERNAL_SERVER_ERROR
+            } else {
+                StatusCode::from_u16(settle::CLIENT_GONE).expect("499 is a status")
+            };
+            self.gw.log(&self.ctx, status);
         }
     }
 }
