@@ -197,29 +197,64 @@ fn reserved_names_and_absurd_worker_counts_are_errors() {
     assert!(e[1].starts_with("F:5:7: route name `_plans`"), "{e:?}");
 }
 
-/// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan or header match
-/// is an error, not a silent replacement of the first.
+/// A host a request can never carry is an error, not a route that silently never matches:
+/// an internationalized name (clients send its punycode), a port, a path.
+#[test]
+fn a_host_no_request_can_carry_is_an_error() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    let e = errors(&format!(
+        "{up}routes:\n  - {{ name: a, match: {{ path: /, host: Bücher.example }}, upstream: api }}\n  - {{ name: b, match: {{ path: /, host: 'api.example.com:8080' }}, upstream: api }}\n  - {{ name: c, match: {{ path: /, host: '*.exa mple.com' }}, upstream: api }}\n"
+    ));
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].starts_with("F:4:34: host `bücher.example` is not ASCII") && e[0].contains("punycode"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with("F:5:34: invalid host `api.example.com:8080`"),
+        "{e:?}"
+    );
+    assert!(
+        e[2].starts_with("F:6:34: invalid host `*.exa mple.com`"),
+        "{e:?}"
+    );
+    let (code, _, err, _) = check(&format!(
+        "{up}routes:\n  - {{ name: a, match: {{ path: /, host: xn--bcher-kva.example }}, upstream: api }}\n  - {{ name: b, match: {{ path: /, host: '*.my_svc.internal' }}, upstream: api }}\n"
+    ));
+    assert_eq!(code, 0, "{err}");
+}
+
+/// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan, header match,
+/// top-level section or route field is an error at the second key, not a silent replacement
+/// of the first (nor an error at the file's 1:1).
 #[test]
 fn a_duplicate_mapping_key_is_an_error() {
     let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
-    for (yaml, key) in [
+    for (yaml, at) in [
         (
             "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n  api: { targets: [http://127.0.0.1:2] }\nroutes: []\n".to_owned(),
-            "api",
+            "F:3:3: duplicate key `api`",
         ),
         (
-            format!("{up}routes: []\nplans:\n  free: {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 1/s }}] }}\n  free: {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 9/s }}] }}\n"),
-            "free",
+            format!("{up}routes: []\nplans:\n  free: {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 1/s }}] }}\n  \"free\": {{ limits: [{{ name: l, by: consumer, algorithm: gcra, rate: 9/s }}] }}\n"),
+            "F:6:3: duplicate key `free`",
         ),
         (
             format!("{up}routes:\n  - name: a\n    match: {{ path: /, headers: {{ X-Env: prod, X-Env: dev }} }}\n    upstream: api\n"),
-            "X-Env",
+            "F:5:47: duplicate key `X-Env`",
+        ),
+        (
+            format!("{up}routes: []\nroutes:\n  - {{ name: a, match: {{ path: / }}, upstream: api }}\n"),
+            "F:4:1: duplicate key `routes`",
+        ),
+        (
+            format!("{up}routes:\n  - name: a\n    match: {{ path: / }}\n    name: b\n    upstream: api\n"),
+            "F:6:5: duplicate key `name`",
         ),
     ] {
         let e = errors(&yaml);
         assert_eq!(e.len(), 1, "{yaml}: {e:?}");
-        assert!(e[0].contains(&format!("duplicate key `{key}`")), "{e:?}");
-        assert!(!e[0].starts_with("F:1:1:"), "at the mapping, not the file's start: {e:?}");
+        assert_eq!(e[0], at, "{yaml}");
     }
 }
 

@@ -763,10 +763,20 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
             Some(rest) => (false, rest.to_string()),
             None => (true, h.clone()),
         };
-        if rest.is_empty() || rest.contains(['*', '/', ':', ' ']) {
+        // A request's host is ASCII (RFC 3986 §3.2.2): an internationalized name arrives as
+        // its punycode, so `bücher.example` written here would never match.
+        if !rest.is_ascii() {
             c.err(
                 &format!("{base}.host"),
-                format!("invalid host `{h}` (exact name or `*.example.com`)"),
+                format!("host `{h}` is not ASCII: write an internationalized name as its punycode (`xn--…`), as clients send it"),
+            );
+            return None;
+        }
+        let name = |b: u8| b.is_ascii_alphanumeric() || b"-._".contains(&b);
+        if rest.is_empty() || !rest.bytes().all(name) {
+            c.err(
+                &format!("{base}.host"),
+                format!("invalid host `{h}` (exact name or `*.example.com`, of `a-z 0-9 - . _`)"),
             );
             return None;
         }

@@ -39,7 +39,7 @@ pub struct File {
     #[serde(deserialize_with = "present_routes")]
     pub routes: Vec<Route>,
     /// Named lists of limits a consumer's requests get (SPEC §10).
-    #[serde(default, deserialize_with = "unique")]
+    #[serde(default)]
     pub plans: BTreeMap<String, Plan>,
     #[serde(default)]
     pub anonymous_plan: Option<String>,
@@ -435,7 +435,7 @@ pub struct Match {
     pub methods: Option<Vec<String>>,
     #[serde(default)]
     pub host: Option<String>,
-    #[serde(default, deserialize_with = "unique")]
+    #[serde(default)]
     pub headers: BTreeMap<String, String>,
 }
 
@@ -513,45 +513,7 @@ fn present_routes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Route>, 
 fn present_upstreams<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<String, Upstream>, D::Error> {
-    present::<_, Unique<Upstream>>(d, "upstreams").map(|u| u.0)
-}
-
-/// A mapping whose keys are unique, as YAML requires: serde_yaml keeps the last of two equal
-/// keys, so a second `api:` upstream or `free:` plan silently replaced the first.
-struct Unique<T>(BTreeMap<String, T>);
-
-impl<'de, T: Deserialize<'de>> Deserialize<'de> for Unique<T> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Keys<T>(std::marker::PhantomData<T>);
-        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Keys<T> {
-            type Value = Unique<T>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a mapping")
-            }
-            fn visit_map<A: serde::de::MapAccess<'de>>(
-                self,
-                mut m: A,
-            ) -> Result<Unique<T>, A::Error> {
-                use serde::de::Error;
-                let mut out = BTreeMap::new();
-                while let Some(k) = m.next_key::<String>()? {
-                    if out.contains_key(&k) {
-                        return Err(A::Error::custom(format!("duplicate key `{k}`")));
-                    }
-                    let v = m.next_value()?;
-                    out.insert(k, v);
-                }
-                Ok(Unique(out))
-            }
-        }
-        d.deserialize_map(Keys(std::marker::PhantomData))
-    }
-}
-
-fn unique<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> Result<BTreeMap<String, T>, D::Error> {
-    Unique::deserialize(d).map(|u| u.0)
+    present(d, "upstreams")
 }
 
 /// Plain API keys: a list. Anything else is refused without its value, which would be a key

@@ -1,8 +1,8 @@
 //! Configuration: read the YAML file, validate it completely, and compile it into the
 //! immutable runtime [`Table`]. Every error carries `FILE:LINE:COL`.
 
-pub mod aliases;
 pub mod compile;
+pub mod document;
 pub mod file;
 pub mod position;
 pub mod units;
@@ -96,15 +96,15 @@ pub fn parse(name: &str, text: &str) -> Result<file::File, ConfigErrors> {
     parse_yaml(name, text)
 }
 
-/// Parse YAML text named `name` into `T`, with the alias bound and positioned errors (the
-/// config file, and a `consumers_file`).
+/// Parse YAML text named `name` into `T`, with the document's own checks first (see
+/// [`document`]) and positioned errors (the config file, and a `consumers_file`).
 pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     name: &str,
     text: &str,
 ) -> Result<T, ConfigErrors> {
     // A byte-order mark (some Windows editors write one) is not part of the YAML.
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    if let Err((line, col, message)) = aliases::check(text) {
+    if let Err((line, col, message)) = document::check(text) {
         return Err(ConfigErrors(vec![ConfigError {
             file: name.to_string(),
             line,
