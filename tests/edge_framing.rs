@@ -585,23 +585,33 @@ fn asterisk_form_is_400() {
     );
 }
 
+/// CONNECT (a tunnel) and TRACE (an echo of the request's cookies and credentials: cross-site
+/// tracing) never reach the upstream.
 #[test]
-fn connect_is_405() {
+fn connect_and_trace_are_405() {
     let up = Upstream::start();
     let s = gateway(&up);
-    let ex = exchange(
-        s.addr,
-        b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n",
-        QUIET,
-    );
-    assert_eq!(ex.statuses(), vec![405], "{}", ex.text());
-    // RFC 9110 §15.5.6: a 405 MUST list the methods the target supports.
-    let allow = ex.one().header("allow").unwrap_or_default();
-    assert!(
-        allow.contains("GET") && !allow.contains("CONNECT"),
-        "{}",
-        ex.text()
-    );
+    for (raw, method) in [
+        (
+            &b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n"[..],
+            "CONNECT",
+        ),
+        (
+            b"TRACE /api/x HTTP/1.1\r\nHost: x\r\nCookie: session=s3cret\r\n\r\n",
+            "TRACE",
+        ),
+    ] {
+        let ex = exchange(s.addr, raw, QUIET);
+        assert_eq!(ex.statuses(), vec![405], "{}", ex.text());
+        // RFC 9110 §15.5.6: a 405 MUST list the methods the target supports.
+        let allow = ex.one().header("allow").unwrap_or_default();
+        assert!(
+            allow.contains("GET") && !allow.contains(method),
+            "{}",
+            ex.text()
+        );
+        assert!(!ex.text().contains("s3cret"), "{}", ex.text());
+    }
     assert_eq!(settled_hits(&up), 0);
 }
 

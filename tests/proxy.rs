@@ -52,6 +52,7 @@ async fn forwards_headers_per_rfc9110() {
             ("proxy-authorization", "Basic abc"),
             ("x-forwarded-for", "6.6.6.6"),
             ("x-forwarded-proto", "https"),
+            ("forwarded", "for=10.0.0.1;proto=https;host=admin.internal"),
             ("x-request-id", "client-id-1"),
             ("authorization", "Bearer keep-me"),
         ],
@@ -74,6 +75,10 @@ async fn forwards_headers_per_rfc9110() {
         "an untrusted peer cannot claim https"
     );
     assert_eq!(h["x-forwarded-host"][0], "shop.example.com");
+    assert!(
+        h.get("forwarded").is_none(),
+        "an untrusted peer's Forwarded does not reach the upstream: {h}"
+    );
     assert_eq!(h["x-request-id"][0], "client-id-1");
     assert_eq!(r.header("x-request-id"), Some("client-id-1"));
     // Hop-by-hop fields of the upstream's response do not reach the client either.
@@ -151,10 +156,12 @@ async fn trusted_proxy_keeps_forwarded_proto_and_host() {
             ("x-forwarded-proto", "https"),
             ("x-forwarded-host", "public.example.com"),
             ("x-forwarded-for", "1.2.3.4"),
+            ("forwarded", "for=1.2.3.4;proto=https"),
         ],
     )
     .await;
     let h = &r.json()["headers"];
+    assert_eq!(h["forwarded"][0], "for=1.2.3.4;proto=https");
     assert_eq!(h["x-forwarded-proto"][0], "https");
     assert_eq!(h["x-forwarded-host"][0], "public.example.com");
     assert_eq!(h["x-forwarded-for"][0], "1.2.3.4, 127.0.0.1");

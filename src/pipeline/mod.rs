@@ -138,15 +138,18 @@ impl Gateway {
     }
 
     /// Refuse what cannot be routed safely, and settle the host and the path that are
-    /// matched, limited and forwarded: CONNECT (405), the asterisk form (400), a transfer
+    /// matched, limited and forwarded: CONNECT and TRACE (405), the asterisk form (400), a transfer
     /// coding other than `chunked` (400, connection closed: the body cannot be framed the way
     /// the client meant), a method in lower case or a host the gateway cannot name (400, see
     /// [`host`]), a path that does not normalize safely (400, see
     /// [`crate::model::path`]).
     fn request_filter(&self, ctx: &mut Ctx) -> Result<(), GatewayError> {
         let method = &ctx.parts.method;
-        if *method == http::Method::CONNECT {
-            return Err(GatewayError::MethodNotAllowed(http::Method::CONNECT));
+        // CONNECT asks for a tunnel, which this gateway does not route; TRACE echoes the
+        // request, cookies and credentials included, back to whoever can make the client
+        // send one (cross-site tracing), and no API needs it. nginx refuses both.
+        if *method == http::Method::CONNECT || *method == http::Method::TRACE {
+            return Err(GatewayError::MethodNotAllowed(method.clone()));
         }
         if !chunked_only(&ctx.parts.headers) {
             return Err(GatewayError::Unframeable(

@@ -50,7 +50,8 @@ pub enum GatewayError {
     /// A request head larger than the gateway accepts.
     #[error("request header fields too large")]
     HeadTooLarge,
-    /// `CONNECT` (a tunnel, not a request this gateway routes).
+    /// `CONNECT` (a tunnel, not a request this gateway routes) or `TRACE` (an echo of the
+    /// request's credentials).
     #[error("method {0} is not supported by this gateway")]
     MethodNotAllowed(http::Method),
 }
@@ -147,7 +148,8 @@ impl GatewayError {
                 res.headers_mut().insert(CONNECTION, close);
                 res
             }
-            // RFC 9110 §15.5.6: a 405 MUST carry `Allow`; CONNECT is the one method refused.
+            // RFC 9110 §15.5.6: a 405 MUST carry `Allow`; CONNECT and TRACE are the methods
+            // refused.
             GatewayError::MethodNotAllowed(_) => {
                 let mut res = render(status, &self.problem());
                 let allow =

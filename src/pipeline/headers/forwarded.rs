@@ -1,8 +1,13 @@
 //! `X-Forwarded-For`, `-Proto` and `-Host` on the way upstream (the de-facto fields nginx,
 //! Envoy and HAProxy send). The peer address is always appended to X-Forwarded-For; Proto
 //! and Host are set by us unless the peer is a trusted proxy that already sent them.
+//!
+//! `Forwarded` (RFC 7239) says the same things in one field. The gateway does not write it,
+//! but an upstream framework may read it (Spring, ASP.NET, Express with `trust proxy`), so a
+//! client's `Forwarded: for=10.0.0.1;proto=https` would speak for the gateway: from a peer
+//! that is not a trusted proxy it is removed, as that peer's Proto and Host are replaced.
 
-use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, HOST};
+use http::header::{Entry, HeaderMap, HeaderName, HeaderValue, FORWARDED, HOST};
 
 pub const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
 pub const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
@@ -37,6 +42,9 @@ pub fn apply(
             }
         }
     }
+    if !peer_trusted {
+        headers.remove(FORWARDED);
+    }
     if !(peer_trusted && headers.contains_key(&XFP)) {
         let proto = if tls { "https" } else { "http" };
         headers.insert(XFP, HeaderValue::from_static(proto));
@@ -67,7 +75,16 @@ mod tests {
         h.append(XFF, HeaderValue::from_static("2.2.2.2"));
         h.insert(XFP, HeaderValue::from_static("https"));
         h.insert(XFH, HeaderValue::from_static("spoofed"));
+        h.append(
+            FORWARDED,
+            HeaderValue::from_static("for=10.0.0.1;proto=https"),
+        );
+        h.append(FORWARDED, HeaderValue::from_static("for=10.0.0.2"));
         apply(&mut h, &text("9.9.9.9"), false, None, false);
+        assert!(
+            h.get(FORWARDED).is_none(),
+            "every line of an untrusted peer's Forwarded"
+        );
         assert_eq!(h.get(XFF).unwrap(), "1.1.1.1, 2.2.2.2, 9.9.9.9");
         assert_eq!(h.get_all(XFF).iter().count(), 1);
         assert_eq!(
@@ -103,6 +120,10 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert(XFP, HeaderValue::from_static("https"));
         h.insert(XFH, HeaderValue::from_static("public.example.com"));
+        h.insert(
+            FORWARDED,
+            HeaderValue::from_static("for=1.2.3.4;proto=https"),
+        );
         apply(
             &mut h,
             &text("::ffff:127.0.0.1"),
@@ -113,6 +134,7 @@ mod tests {
         assert_eq!(h.get(XFF).unwrap(), "127.0.0.1");
         assert_eq!(h.get(XFP).unwrap(), "https");
         assert_eq!(h.get(XFH).unwrap(), "public.example.com");
+        assert_eq!(h.get(FORWARDED).unwrap(), "for=1.2.3.4;proto=https");
     }
 
     #[test]
