@@ -869,3 +869,44 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
     rename_over(&next.cert, &cert);
     assert!(serves(next.der.clone()).await, "{}", gw.log());
 }
+
+/// A reload that changes the listener set (which waits for a restart) and a TLS listener's
+/// certificates (which apply at once): the new pair is served, and `/admin/config` lists the
+/// running listeners with the certificates they now serve, not the ones they started with.
+#[tokio::test]
+async fn admin_config_lists_the_certificates_served_while_a_listener_change_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
+    let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    let gw = Sluice::start(&config(&up, port, &certificates(&[&first]), ""));
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+    assert_eq!(served(&c).await, first.der);
+
+    let added = free_port();
+    let next = config(&up, port, &certificates(&[&second]), "").replacen(
+        "listen:\n",
+        &format!("listen:\n  - address: 127.0.0.1:{added}\n"),
+        1,
+    );
+    gw.replace_config(&next);
+    assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
+    gw.wait_log(&["need a restart"]);
+    let r = support::get(&client(), &gw.admin_url("/admin/config"), &[]).await;
+    let doc = r.json();
+    let listen = doc["config"]["listen"].as_array().expect("a list").clone();
+    assert_eq!(listen.len(), 2, "the running listeners: {doc}");
+    assert!(
+        !doc.to_string().contains(&format!("127.0.0.1:{added}")),
+        "the added listener waits for a restart: {doc}"
+    );
+    let shown = &listen[1]["tls"]["certificates"][0]["cert"];
+    assert_eq!(
+        shown.as_str(),
+        Some(second.cert.display().to_string().as_str()),
+        "{doc}"
+    );
+}

@@ -11,8 +11,10 @@ use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 
 use super::Runtime;
+use crate::config::file::{File, Listen, Listener};
 use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
+use crate::model::table::Boot;
 use crate::pipeline::live::Live;
 
 /// How long a file that does not parse is given to finish being written (see [`reload`]).
@@ -123,7 +125,7 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     let running = &old_live.file;
     // A listener's certificate list applies live; only a changed listener set waits.
     if restart.contains(&"listen") {
-        new_file.listen.clone_from(&running.listen);
+        new_file.listen = served_listeners(running, &gw.boot, &new_file, &boot);
     }
     new_file.admin_listen.clone_from(&running.admin_listen);
     new_file.workers = running.workers;
@@ -192,6 +194,25 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     gw.metrics.forget_plans(&gone_plans);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version
+}
+
+/// The running listeners as `/admin/config` shows them while a changed listener set waits for
+/// a restart: each as it runs, but listing the certificates it serves from now on, those of
+/// the new file's TLS listener at the same address (swapped in by [`apply`]).
+fn served_listeners(running: &File, running_boot: &Boot, new: &File, new_boot: &Boot) -> Listen {
+    let mut shown = running.listen.clone();
+    let (Listen::List(shown_list), Listen::List(new_list)) = (&mut shown, &new.listen) else {
+        return shown;
+    };
+    // A file's listeners and its compiled ones are in the same order.
+    for (l, at) in shown_list.iter_mut().zip(&running_boot.listeners) {
+        let mut next = new_boot.listeners.iter().zip(new_list);
+        let next = next.find(|(n, _)| n.address == at.address);
+        if let (Some(tls), Some((_, Listener { tls: Some(n), .. }))) = (&mut l.tls, next) {
+            tls.certificates.clone_from(&n.certificates);
+        }
+    }
+    shown
 }
 
 /// What the last file event saw: a hash of the config text and of the bytes of the files it
