@@ -584,6 +584,68 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
     );
     assert!(err.contains("cannot read certificate"), "{err}");
 
+    // A key under a passphrase, and a key this TLS stack cannot sign with (P-521), each
+    // made by openssl: named for what they are, not as a key that does not match.
+    need("openssl", "openssl");
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let encrypted = dir.path().join("encrypted.key");
+    openssl(&[
+        "pkcs8",
+        "-topk8",
+        "-in",
+        good.key.to_str().unwrap(),
+        "-out",
+        encrypted.to_str().unwrap(),
+        "-passout",
+        "pass:secret",
+    ]);
+    let (path, text) = write("encrypted.yaml", &entry(&good.cert, &encrypted));
+    let (ok, _, err) = check(&path);
+    assert!(!ok);
+    assert!(
+        err.starts_with(&format!(
+            "{}:{}:",
+            path.display(),
+            line_of(&text, "good.crt")
+        )) && err.contains("is encrypted")
+            && !err.contains("do not belong together"),
+        "{err}"
+    );
+    let (p521_cert, p521_key) = (dir.path().join("p521.crt"), dir.path().join("p521.key"));
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-521",
+        "-nodes",
+        "-subj",
+        "/CN=p521.test",
+        "-days",
+        "30",
+        "-keyout",
+        p521_key.to_str().unwrap(),
+        "-out",
+        p521_cert.to_str().unwrap(),
+    ]);
+    let (path, text) = write("p521.yaml", &entry(&p521_cert, &p521_key));
+    let (ok, _, err) = check(&path);
+    assert!(!ok);
+    assert!(
+        err.starts_with(&format!(
+            "{}:{}:",
+            path.display(),
+            line_of(&text, "p521.crt")
+        )) && err.contains("cannot sign TLS handshakes")
+            && err.contains("P-384")
+            && !err.contains("do not belong together"),
+        "{err}"
+    );
+
     // Expiring within 14 days: valid, with a warning at its entry.
     let (path, text) = write("soon.yaml", &entry(&soon.cert, &soon.key));
     let (ok, out, err) = check(&path);

@@ -35,6 +35,14 @@ pub fn read_chain(
 /// A private key from a PEM file (PKCS#8, PKCS#1 or SEC1).
 pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read(path, "key")?;
+    // PKCS#8's encrypted form (RFC 5958 §3), or OpenSSL's legacy `Proc-Type: 4,ENCRYPTED`
+    // header on a PKCS#1 or SEC1 key (which would otherwise parse and fail as garbage).
+    let encrypted = |m: &[u8]| bytes.windows(m.len()).any(|w| w == m);
+    if encrypted(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || encrypted(b"Proc-Type: 4,ENCRYPTED") {
+        return Err(TlsError::EncryptedKey {
+            path: path.display().to_string(),
+        });
+    }
     PrivateKeyDer::from_pem_slice(&bytes).map_err(|_| TlsError::Empty {
         what: "key",
         path: path.display().to_string(),
@@ -124,13 +132,27 @@ pub fn load_pair(
         }
     }
     let der = read_key(key)?;
-    let certified = CertifiedKey::from_der(chain, der, &super::provider()).map_err(|e| {
-        TlsError::KeyMismatch {
-            cert: cert.display().to_string(),
-            key: key.display().to_string(),
+    // What `CertifiedKey::from_der` does, in two steps, so that a key the provider cannot
+    // use is not reported as a key that does not match its certificate.
+    let signing = super::provider()
+        .key_provider
+        .load_private_key(der)
+        .map_err(|e| TlsError::UnusableKey {
+            path: key.display().to_string(),
             error: e.to_string(),
+        })?;
+    let certified = CertifiedKey::new(chain, signing);
+    match certified.keys_match() {
+        // A key whose public half cannot be derived is not known to mismatch.
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(e) => {
+            return Err(TlsError::KeyMismatch {
+                cert: cert.display().to_string(),
+                key: key.display().to_string(),
+                error: e.to_string(),
+            })
         }
-    })?;
+    }
     if info.seconds_left(now) <= 0 {
         return Err(TlsError::Expired {
             path: cert.display().to_string(),

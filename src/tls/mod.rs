@@ -36,6 +36,12 @@ pub enum TlsError {
         path: String,
         expected: &'static str,
     },
+    /// A PEM key under a passphrase: there is no one to type it at a reload.
+    #[error("key `{path}` is encrypted: sluice reads unencrypted keys (write one with `openssl pkey -in {path} -out PLAIN.key`)")]
+    EncryptedKey { path: String },
+    /// A key this TLS stack cannot sign with, whatever certificate it comes with.
+    #[error("key `{path}` cannot sign TLS handshakes here: {error} (RSA of 2048 to 8192 bits, ECDSA P-256 or P-384, and Ed25519 keys can)")]
+    UnusableKey { path: String, error: String },
     #[error("certificate `{cert}` and key `{key}` do not belong together: {error}")]
     KeyMismatch {
         cert: String,
