@@ -972,3 +972,53 @@ async fn admin_config_lists_the_certificates_served_while_a_listener_change_wait
         "{doc}"
     );
 }
+
+/// A client that asks to renegotiate is refused (rustls never renegotiates) without a log
+/// line: rustls reports each refusal at WARN, and a client may ask again and again, so its
+/// records are errors only unless `RUST_LOG` names it.
+#[test]
+fn a_renegotiation_request_does_not_reach_the_log() {
+    need("openssl", "openssl");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let pair = ca.leaf(dir.path(), "leaf", &["localhost"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    // openssl waits for the refused handshake until the gateway closes the connection.
+    let gw = Sluice::start(&config(
+        &up,
+        port,
+        &certificates(&[&pair]),
+        "client_header_timeout: 2s\n",
+    ));
+    // s_client reads "R" at the start of a line as "renegotiate" (TLS 1.2 only).
+    let mut child = Command::new("openssl")
+        .args(["s_client", "-tls1_2", "-connect"])
+        .arg(format!("127.0.0.1:{port}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    for _ in 0..3 {
+        let _ = stdin.write_all(b"R\n");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("RENEGOTIATING"),
+        "no renegotiation was asked: {said}"
+    );
+    // A line logged after the attempts: the log has been flushed past them.
+    let c = client();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async { support::get(&c, &gw.url("/"), &[]).await });
+    let log = gw.wait_log(&["\"status\":200"]);
+    assert!(!log.contains("Renegotiation"), "{log}");
+    assert!(!log.contains("rustls"), "{log}");
+}

@@ -137,7 +137,7 @@ pub fn init(json: bool, ansi: bool) -> Buffered {
         .name("log-writer".into())
         .spawn(move || writer.run_writer())
         .expect("spawn log writer");
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = filter(std::env::var("RUST_LOG").ok().as_deref());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(buf.clone())
@@ -150,9 +150,39 @@ pub fn init(json: bool, ansi: bool) -> Buffered {
     buf
 }
 
+/// The level filter for `RUST_LOG` (`None` or blank: `info`). rustls logs what a client does
+/// wrong at WARN (each refused renegotiation is a line, and a client may ask again and again),
+/// so a remote client could fill the log: its records are errors only, unless `RUST_LOG`
+/// names `rustls` itself.
+fn filter(rust_log: Option<&str>) -> EnvFilter {
+    const QUIET_TLS: &str = "rustls=error";
+    let spec = match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
+        Some(s) if s.contains("rustls") => s.to_owned(),
+        Some(s) => format!("{s},{QUIET_TLS}"),
+        None => format!("info,{QUIET_TLS}"),
+    };
+    EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_TLS}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rustls_is_errors_only_unless_named() {
+        assert_eq!(filter(None).to_string(), "rustls=error,info");
+        assert_eq!(filter(Some(" ")).to_string(), "rustls=error,info");
+        assert_eq!(
+            filter(Some("debug,sluice::access=off")).to_string(),
+            "sluice::access=off,rustls=error,debug"
+        );
+        assert_eq!(
+            filter(Some("info,rustls=debug")).to_string(),
+            "rustls=debug,info"
+        );
+        // A spec that does not parse is `info`, as before.
+        assert_eq!(filter(Some("=[")).to_string(), "rustls=error,info");
+    }
 
     #[test]
     fn a_full_buffer_drops_and_counts_instead_of_growing() {
