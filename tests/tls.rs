@@ -877,18 +877,56 @@ async fn proxy_protocol_before_tls() {
     assert_eq!(up.hits(), 1);
 }
 
+/// A gateway whose TLS listener serves `first`, a `second` leaf for the same name to rotate
+/// to, and a client that trusts their CA (already served `first`).
+struct Rotation {
+    dir: tempfile::TempDir,
+    ca: Ca,
+    first: Pair,
+    second: Pair,
+    up: Upstream,
+    port: u16,
+    gw: Sluice,
+    c: Client,
+}
+
+impl Rotation {
+    async fn start() -> Rotation {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new("test CA");
+        let ca_pem = ca.write(&dir.path().join("ca.pem"));
+        let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
+        let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
+        let up = Upstream::start();
+        let port = free_port();
+        let gw = Sluice::start(&config(&up, port, &certificates(&[&first]), ""));
+        let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+        assert_eq!(served(&c).await, first.der);
+        Rotation {
+            dir,
+            ca,
+            first,
+            second,
+            up,
+            port,
+            gw,
+            c,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("test CA");
-    let ca_pem = ca.write(&dir.path().join("ca.pem"));
-    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
-    let later = ca.leaf(dir.path(), "later", &["localhost"], 90);
-    let up = Upstream::start();
-    let port = free_port();
-    let gw = Sluice::start(&config(&up, port, &certificates(&[&first]), ""));
-    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
-    assert_eq!(served(&c).await, first.der);
+    let Rotation {
+        dir,
+        ca,
+        first,
+        second: later,
+        up,
+        port,
+        gw,
+        c,
+    } = Rotation::start().await;
     let serves = |want: Vec<u8>| {
         let c = c.clone();
         async move { serves_eventually(&[&c], &want).await }
@@ -937,16 +975,14 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
 /// running listeners with the certificates they now serve, not the ones they started with.
 #[tokio::test]
 async fn admin_config_lists_the_certificates_served_while_a_listener_change_waits() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = Ca::new("test CA");
-    let ca_pem = ca.write(&dir.path().join("ca.pem"));
-    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
-    let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
-    let up = Upstream::start();
-    let port = free_port();
-    let gw = Sluice::start(&config(&up, port, &certificates(&[&first]), ""));
-    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
-    assert_eq!(served(&c).await, first.der);
+    let Rotation {
+        second,
+        up,
+        port,
+        gw,
+        c,
+        ..
+    } = Rotation::start().await;
 
     let added = free_port();
     let next = config(&up, port, &certificates(&[&second]), "").replacen(
