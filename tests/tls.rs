@@ -531,25 +531,29 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         )
     };
 
-    // Mismatched: other's key with good's certificate.
-    let (path, text) = write("mismatch.yaml", &entry(&good.cert, &other.key));
-    let (ok, _, err) = check(&path);
-    assert!(!ok);
-    let line = line_of(&text, "good.crt");
-    assert!(
-        err.starts_with(&format!("{}:{line}:", path.display()))
-            && err.contains("do not belong together"),
-        "{err}"
-    );
+    // `sluice check` fails on the pair `cert`/`key`, at the line naming `cert`, saying every
+    // one of `says`; its stderr.
+    let refused = |name: &str, cert: &Path, key: &Path, says: &[&str]| -> String {
+        let (path, text) = write(name, &entry(cert, key));
+        let (ok, _, err) = check(&path);
+        assert!(!ok, "{err}");
+        let file = cert.file_name().unwrap().to_str().unwrap();
+        let at = format!("{}:{}:", path.display(), line_of(&text, file));
+        assert!(err.starts_with(&at), "{err}");
+        for s in says {
+            assert!(err.contains(s), "{s}: {err}");
+        }
+        err
+    };
 
-    let (path, text) = write("expired.yaml", &entry(&expired.cert, &expired.key));
-    let (ok, _, err) = check(&path);
-    assert!(!ok);
-    let line = line_of(&text, "expired.crt");
-    assert!(
-        err.starts_with(&format!("{}:{line}:", path.display())) && err.contains("expired"),
-        "{err}"
+    // Mismatched: other's key with good's certificate.
+    refused(
+        "mismatch.yaml",
+        &good.cert,
+        &other.key,
+        &["do not belong together"],
     );
+    refused("expired.yaml", &expired.cert, &expired.key, &["expired"]);
 
     // A valid leaf whose chain holds an expired certificate: every verifying client would
     // fail, so the pair is refused as expired, naming the chain's certificate.
@@ -557,32 +561,18 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
     let chain = std::fs::read_to_string(&good.cert).unwrap()
         + &std::fs::read_to_string(&expired.cert).unwrap();
     std::fs::write(&chained, chain).unwrap();
-    let (path, text) = write("chain.yaml", &entry(&chained, &good.key));
-    let (ok, _, err) = check(&path);
-    assert!(!ok, "{err}");
-    let line = line_of(&text, "chained.crt");
-    assert!(
-        err.starts_with(&format!("{}:{line}:", path.display()))
-            && err.contains("good.test's chain: expired.test")
-            && err.contains("expired"),
-        "{err}"
+    refused(
+        "chain.yaml",
+        &chained,
+        &good.key,
+        &["good.test's chain: expired.test", "expired"],
     );
-
-    let (path, text) = write(
+    refused(
         "missing.yaml",
-        &entry(&dir.path().join("nope.crt"), &good.key),
+        &dir.path().join("nope.crt"),
+        &good.key,
+        &["cannot read certificate"],
     );
-    let (ok, _, err) = check(&path);
-    assert!(!ok);
-    assert!(
-        err.starts_with(&format!(
-            "{}:{}:",
-            path.display(),
-            line_of(&text, "nope.crt")
-        )),
-        "{err}"
-    );
-    assert!(err.contains("cannot read certificate"), "{err}");
 
     // A key under a passphrase, and a key this TLS stack cannot sign with (P-521), each
     // made by openssl: named for what they are, not as a key that does not match.
@@ -602,18 +592,8 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         "-passout",
         "pass:secret",
     ]);
-    let (path, text) = write("encrypted.yaml", &entry(&good.cert, &encrypted));
-    let (ok, _, err) = check(&path);
-    assert!(!ok);
-    assert!(
-        err.starts_with(&format!(
-            "{}:{}:",
-            path.display(),
-            line_of(&text, "good.crt")
-        )) && err.contains("is encrypted")
-            && !err.contains("do not belong together"),
-        "{err}"
-    );
+    let err = refused("encrypted.yaml", &good.cert, &encrypted, &["is encrypted"]);
+    assert!(!err.contains("do not belong together"), "{err}");
     let (p521_cert, p521_key) = (dir.path().join("p521.crt"), dir.path().join("p521.key"));
     openssl(&[
         "req",
@@ -632,19 +612,13 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         "-out",
         p521_cert.to_str().unwrap(),
     ]);
-    let (path, text) = write("p521.yaml", &entry(&p521_cert, &p521_key));
-    let (ok, _, err) = check(&path);
-    assert!(!ok);
-    assert!(
-        err.starts_with(&format!(
-            "{}:{}:",
-            path.display(),
-            line_of(&text, "p521.crt")
-        )) && err.contains("cannot sign TLS handshakes")
-            && err.contains("P-384")
-            && !err.contains("do not belong together"),
-        "{err}"
+    let err = refused(
+        "p521.yaml",
+        &p521_cert,
+        &p521_key,
+        &["cannot sign TLS handshakes", "P-384"],
     );
+    assert!(!err.contains("do not belong together"), "{err}");
 
     // Expiring within 14 days: valid, with a warning at its entry.
     let (path, text) = write("soon.yaml", &entry(&soon.cert, &soon.key));
