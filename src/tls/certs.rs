@@ -162,3 +162,35 @@ pub fn load_pair(
     }
     Ok((certified, info))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways a PEM key is put under a passphrase: PKCS#8's own, and OpenSSL's legacy
+    /// header on a PKCS#1 or SEC1 block (which would otherwise read as a key of garbage).
+    #[test]
+    fn an_encrypted_key_is_named_as_such() {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, pem) in [
+            (
+                "pkcs8.key",
+                "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIB\n-----END ENCRYPTED PRIVATE KEY-----\n",
+            ),
+            (
+                "legacy.key",
+                "-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,00\n\nMIIB\n-----END EC PRIVATE KEY-----\n",
+            ),
+        ] {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            match read_key(&path) {
+                Err(TlsError::EncryptedKey { .. }) => {}
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        let plain = dir.path().join("plain.key");
+        std::fs::write(&plain, "no key here\n").unwrap();
+        assert!(matches!(read_key(&plain), Err(TlsError::Empty { .. })));
+    }
+}
