@@ -949,7 +949,9 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
 /// running listeners with the certificates they now serve, not the ones they started with.
 #[tokio::test]
 async fn admin_config_lists_the_certificates_served_while_a_listener_change_waits() {
+    // `dir` is bound so that it lives (and holds the files) to the end of the test.
     let Rotation {
+        dir: _dir,
         second,
         up,
         port,
