@@ -127,7 +127,7 @@ impl DenyCache {
             decision,
             sent,
         };
-        shard.insert_new(k, entry, self.shards.hasher());
+        shard.insert_new(k, entry);
         self.len.fetch_add(1, Ordering::Relaxed);
     }
 

@@ -250,7 +250,7 @@ impl MemoryStore {
                             if shard.len() >= self.per_shard {
                                 make_room(shard, self.per_shard, now);
                             }
-                            shard.insert_new(key, entry, self.shards.hasher());
+                            shard.insert_new(key, entry);
                         }
                     }
                 }
