@@ -1,10 +1,11 @@
-//! Sharded tables of string keys, each key hashed once per lookup: what the embedded store
-//! keeps its state in and the deny cache its refusals.
+//! Sharded tables of string keys, each key's hashes computed once per lookup: what the
+//! embedded store keeps its state in and the deny cache its refusals.
 //!
 //! A key's keyed hash (SipHash with a per-table random key, so clients cannot aim keys at one
 //! slot) picks its shard from bits 32 and up, its slot in the shard's table from the low bits
-//! and its tag from the top bits, so the keys of one shard still spread over its table. Each
-//! shard is a `parking_lot::Mutex`: cores deciding different keys rarely meet on a lock.
+//! and hashbrown's control tag from the top bits, so the keys of one shard still spread over
+//! its table. Each shard is a `parking_lot::Mutex`: cores deciding different keys rarely meet
+//! on a lock.
 //!
 //! A table holds a key as 128 bits, that hash and a second keyed hash of it, not as its
 //! text: a lookup then reads the slot and nothing else (comparing the text was a third cache
@@ -16,16 +17,14 @@ use hashbrown::HashTable;
 use parking_lot::Mutex;
 use std::hash::{BuildHasher, RandomState};
 
-/// A key's two keyed hashes, computed once per call: 128 bits that stand for the key (the
-/// lifetime ties them to the text they were computed from).
+/// A key's two keyed hashes, computed once per call: 128 bits that stand for the key.
 #[derive(Clone, Copy)]
-pub struct Hashed<'k> {
+pub struct Hashed {
     hash: u64,
-    tag: u64,
-    _key: std::marker::PhantomData<&'k str>,
+    check: u64,
 }
 
-/// One shard's keys: `(hash, tag, value)` found by the key's hash and told apart by both.
+/// One shard's keys: `(hash, check, value)` found by the key's hash and told apart by both.
 pub struct Table<V>(HashTable<(u64, u64, V)>);
 
 impl<V> Default for Table<V> {
@@ -35,16 +34,16 @@ impl<V> Default for Table<V> {
 }
 
 impl<V> Table<V> {
-    pub fn get(&self, k: Hashed<'_>) -> Option<&V> {
+    pub fn get(&self, k: Hashed) -> Option<&V> {
         self.0.find(k.hash, |e| is(e, k)).map(|(_, _, v)| v)
     }
 
-    pub fn get_mut(&mut self, k: Hashed<'_>) -> Option<&mut V> {
+    pub fn get_mut(&mut self, k: Hashed) -> Option<&mut V> {
         self.0.find_mut(k.hash, |e| is(e, k)).map(|(_, _, v)| v)
     }
 
     /// Whether the key was there.
-    pub fn remove(&mut self, k: Hashed<'_>) -> bool {
+    pub fn remove(&mut self, k: Hashed) -> bool {
         match self.0.find_entry(k.hash, |e| is(e, k)) {
             Ok(slot) => {
                 slot.remove();
@@ -55,9 +54,9 @@ impl<V> Table<V> {
     }
 
     /// Insert a key that is not in the table (its hash is kept: growing rehashes nothing).
-    pub fn insert_new(&mut self, k: Hashed<'_>, value: V) {
+    pub fn insert_new(&mut self, k: Hashed, value: V) {
         self.0
-            .insert_unique(k.hash, (k.hash, k.tag, value), |(h, _, _)| *h);
+            .insert_unique(k.hash, (k.hash, k.check, value), |(h, _, _)| *h);
     }
 
     pub fn len(&self) -> usize {
@@ -81,11 +80,11 @@ impl<V> Table<V> {
     }
 }
 
-/// What sets a key's tag input apart from its hash input.
-const TAG: u8 = 0x7a;
+/// What sets a key's check input apart from its hash input.
+const CHECK: u8 = 0x7a;
 
-fn is<V>((hash, tag, _): &(u64, u64, V), k: Hashed<'_>) -> bool {
-    *hash == k.hash && *tag == k.tag
+fn is<V>((hash, check, _): &(u64, u64, V), k: Hashed) -> bool {
+    *hash == k.hash && *check == k.check
 }
 
 /// `n` shards of [`Table`]s under their own locks, and the hasher that places keys in them.
@@ -102,18 +101,17 @@ impl<V> Shards<V> {
         }
     }
 
-    /// The one way a key is hashed. The tag is the same keyed hash of the key with one more
-    /// byte: another input, so another independent 64 bits.
-    pub fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
+    /// The one way a key is hashed. The check is the same keyed hash of the key with one
+    /// more byte: another input, so another independent 64 bits.
+    pub fn hashed(&self, key: &str) -> Hashed {
         Hashed {
             hash: self.hasher.hash_one(key),
-            tag: self.hasher.hash_one((key, TAG)),
-            _key: std::marker::PhantomData,
+            check: self.hasher.hash_one((key, CHECK)),
         }
     }
 
     /// The index of `k`'s shard (requests touching several take their locks in this order).
-    pub fn index_of(&self, k: Hashed<'_>) -> usize {
+    pub fn index_of(&self, k: Hashed) -> usize {
         ((k.hash >> 32) % self.shards.len() as u64) as usize
     }
 
@@ -122,7 +120,7 @@ impl<V> Shards<V> {
     }
 
     /// `k`'s shard.
-    pub fn of(&self, k: Hashed<'_>) -> &Mutex<Table<V>> {
+    pub fn of(&self, k: Hashed) -> &Mutex<Table<V>> {
         self.at(self.index_of(k))
     }
 
@@ -144,17 +142,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_key_is_found_by_its_hash_and_its_tag() {
+    fn a_key_is_found_by_its_hash_and_its_check() {
         let s: Shards<u32> = Shards::new(4);
         let (a, b) = (s.hashed("a"), s.hashed("b"));
-        // Two independent halves: the tag is not the hash again.
-        assert_ne!(a.hash, a.tag);
-        assert_eq!((a.hash, a.tag), (s.hashed("a").hash, s.hashed("a").tag));
+        // Two independent halves: the check is not the hash again.
+        assert_ne!(a.hash, a.check);
+        assert_eq!((a.hash, a.check), (s.hashed("a").hash, s.hashed("a").check));
         s.of(a).lock().insert_new(a, 1);
         assert_eq!(s.of(a).lock().get(a), Some(&1));
         assert_eq!(s.of(b).lock().get(b), None);
-        // The same hash with another tag is another key.
-        let forged = Hashed { tag: b.tag, ..a };
+        // The same hash with another check is another key.
+        let forged = Hashed {
+            check: b.check,
+            ..a
+        };
         assert_eq!(s.of(a).lock().get(forged), None);
         *s.of(a).lock().get_mut(a).unwrap() = 2;
         assert_eq!(s.of(a).lock().get(a), Some(&2));

@@ -89,11 +89,11 @@ impl MemoryStore {
         self.clock.now_us()
     }
 
-    fn hashed<'k>(&self, key: &'k str) -> Hashed<'k> {
+    fn hashed(&self, key: &str) -> Hashed {
         self.shards.hashed(key)
     }
 
-    fn shard_of(&self, k: Hashed<'_>) -> usize {
+    fn shard_of(&self, k: Hashed) -> usize {
         self.shards.index_of(k)
     }
 
@@ -116,7 +116,7 @@ impl MemoryStore {
             let mut shard = self.shards.of(k).lock();
             return vec![self.apply(&mut shard, k, call, id, now, true)];
         }
-        let keys: Vec<Hashed<'_>> = calls.iter().map(|c| self.hashed(&c.key)).collect();
+        let keys: Vec<Hashed> = calls.iter().map(|c| self.hashed(&c.key)).collect();
         let at: Vec<usize> = keys.iter().map(|&k| self.shard_of(k)).collect();
         let mut order = at.clone();
         order.sort_unstable();
@@ -210,7 +210,7 @@ impl MemoryStore {
     fn apply(
         &self,
         shard: &mut Table<Entry>,
-        key: Hashed<'_>,
+        key: Hashed,
         c: &LimitCall,
         id: u64,
         now: u64,
