@@ -11,7 +11,7 @@ use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 
 use super::Runtime;
-use crate::config::file::{File, Listen, Listener};
+use crate::config::file::{File, Listen};
 use crate::config::Loaded;
 use crate::config::{self, ConfigErrors};
 use crate::model::table::Boot;
@@ -174,14 +174,9 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     )));
     // New handshakes get the new certificates; open connections keep theirs. A listener is
     // matched by address (one whose TLS was switched on or off waits for a restart).
-    for (running, resolver) in gw.boot.listeners.iter().zip(&gw.certificates) {
-        let Some(resolver) = resolver else { continue };
-        let loaded = boot
-            .listeners
-            .iter()
-            .zip(&tls.listeners)
-            .find(|(l, _)| l.address == running.address);
-        if let Some((_, Some(set))) = loaded {
+    for (i, resolver) in gw.certificates.iter().enumerate() {
+        let loaded = successor(&gw.boot, &boot, i).and_then(|j| tls.listeners.get(j)?.as_ref());
+        if let (Some(resolver), Some(set)) = (resolver, loaded) {
             resolver.swap(set.clone());
         }
     }
@@ -205,14 +200,20 @@ fn served_listeners(running: &File, running_boot: &Boot, new: &File, new_boot: &
         return shown;
     };
     // A file's listeners and its compiled ones are in the same order.
-    for (l, at) in shown_list.iter_mut().zip(&running_boot.listeners) {
-        let mut next = new_boot.listeners.iter().zip(new_list);
-        let next = next.find(|(n, _)| n.address == at.address);
-        if let (Some(tls), Some((_, Listener { tls: Some(n), .. }))) = (&mut l.tls, next) {
+    for (i, l) in shown_list.iter_mut().enumerate() {
+        let next = successor(running_boot, new_boot, i).and_then(|j| new_list.get(j)?.tls.as_ref());
+        if let (Some(tls), Some(n)) = (&mut l.tls, next) {
             tls.certificates.clone_from(&n.certificates);
         }
     }
     shown
+}
+
+/// The index in `new` of the listener that takes over `running`'s listener `i`: the one at
+/// the same address (a listener's certificates are swapped live; the set waits for a restart).
+fn successor(running: &Boot, new: &Boot, i: usize) -> Option<usize> {
+    let at = running.listeners.get(i)?.address;
+    new.listeners.iter().position(|l| l.address == at)
 }
 
 /// What the last file event saw: a hash of the config text and of the bytes of the files it
