@@ -37,8 +37,8 @@ pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     let bytes = read(path, "key")?;
     // PKCS#8's encrypted form (RFC 5958 §3), or OpenSSL's legacy `Proc-Type: 4,ENCRYPTED`
     // header on a PKCS#1 or SEC1 key (which would otherwise parse and fail as garbage).
-    let encrypted = |m: &[u8]| bytes.windows(m.len()).any(|w| w == m);
-    if encrypted(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || encrypted(b"Proc-Type: 4,ENCRYPTED") {
+    let holds = |m: &[u8]| bytes.windows(m.len()).any(|w| w == m);
+    if holds(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || holds(b"Proc-Type: 4,ENCRYPTED") {
         return Err(TlsError::EncryptedKey {
             path: path.display().to_string(),
         });
