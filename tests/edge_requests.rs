@@ -351,12 +351,80 @@ fn a_502_tells_the_client_the_kind_and_the_log_the_cause() {
     let doc = ex.one().json();
     assert_eq!(doc["detail"], "upstream unreachable", "{doc}");
     assert!(!ex.text().contains(&dead), "{}", ex.text());
-    let log = s.wait_log(&["upstream failed"]);
+    let log = s.wait_log(&["upstream failed", "\"status\":502"]);
     let line = log.lines().find(|l| l.contains("upstream failed")).unwrap();
     assert!(
         line.contains(&dead) && line.contains("\"route\":\"gone\""),
         "{line}"
     );
+    // SPEC §1: the access-log event names the upstream it tried, answered or not.
+    access_line(&log, 502, "gone", "upstream_error", &dead);
+}
+
+/// The access-log event of the one request answered `status` (SPEC §1: route, method, path,
+/// status, decision, upstream, duration, request id), checked field by field.
+fn access_line(log: &str, status: u16, route: &str, decision: &str, upstream: &str) {
+    let line = log
+        .lines()
+        .find(|l| l.contains("sluice::access") && l.contains(&format!("\"status\":{status}")))
+        .unwrap_or_else(|| panic!("no access line with status {status}:\n{log}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    let f = v.get("fields").unwrap_or(&v);
+    assert_eq!(f["route"], route, "{line}");
+    assert_eq!(f["method"], "GET", "{line}");
+    assert_eq!(f["path"], "/x", "{line}");
+    assert_eq!(f["decision"], decision, "{line}");
+    assert_eq!(f["upstream"], upstream, "{line}");
+    assert!(f["duration_us"].is_u64(), "{line}");
+    let rid = f["request_id"].as_str().unwrap_or_default();
+    assert!(rid.len() >= 8 && rid != "-", "{line}");
+}
+
+/// A target that accepts no connection within `connect_timeout` (a listener whose accept
+/// queue is full, so the kernel drops the SYN) answers 504, once the connect timeout has
+/// passed and well before the response timeout; the access log names the target.
+#[test]
+fn a_connect_timeout_is_504_and_the_access_log_names_the_target() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let _g = rt.enter();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = sock.listen(1).unwrap();
+    let addr = full.local_addr().unwrap();
+    // Fill the accept queue (never accepted): later SYNs get no answer.
+    let mut held = Vec::new();
+    while let Ok(c) = TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        held.push(c);
+        assert!(held.len() < 64, "the accept queue never filled");
+    }
+    let target = addr.to_string();
+    let s = Sluice::start(&format!(
+        "upstreams:\n  full: {{ targets: [\"http://{target}\"], connect_timeout: 500ms, timeout: 20s }}\nroutes:\n  - {{ name: full, match: {{ path_prefix: / }}, upstream: full }}\n"
+    ));
+    let started = Instant::now();
+    let ex = exchange(
+        s.addr,
+        b"GET /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(15),
+    );
+    let took = started.elapsed();
+    assert_eq!(status(&ex), 504, "{}", ex.text());
+    assert_eq!(ex.one().json()["status"], 504);
+    assert!(
+        took >= Duration::from_millis(450),
+        "before the connect timeout: {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "waited for the response timeout: {took:?}"
+    );
+    let log = s.wait_log(&["timed out", "\"status\":504"]);
+    assert!(
+        log.contains(&format!("connect to {target} timed out")),
+        "{log}"
+    );
+    access_line(&log, 504, "full", "upstream_error", &target);
+    drop(held);
 }
 
 /// An HTTP/2 connection with no request open is closed after `client_header_timeout` (hyper's

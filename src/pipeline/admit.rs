@@ -147,6 +147,9 @@ pub struct Plan {
     calls: Vec<LimitCall>,
     /// For each call, the index of its limit in the route.
     which: Vec<usize>,
+    /// Shadow limits that would have refused the request before any call (a missing identity
+    /// with `on_missing: reject`, a bad cost header): counted `shadow_limited`, never refused.
+    shadowed: Vec<usize>,
     /// On a route with `consumers:`, whose plan applied.
     pub plan_of: Option<PlanOf>,
 }
@@ -172,7 +175,7 @@ pub fn plan_of(
 
 /// Resolve each limit's identity and cost. A missing identity with `on_missing: reject`, a bad
 /// cost header, or (on a `consumers: required` route) no known consumer answers the request
-/// right away.
+/// right away; for a shadow limit the first two are only counted and logged.
 pub fn plan<'a>(
     route: &Route,
     who: &mut Identity<'a>,
@@ -189,38 +192,61 @@ pub fn plan<'a>(
     }
     let mut calls = Vec::with_capacity(route.limits.len());
     let mut which = Vec::with_capacity(route.limits.len());
+    let mut shadowed = Vec::new();
     for (i, rule) in route.limits.iter().enumerate() {
-        let material = match (rule.plan, plan_of) {
-            (None, _) => identity_material(rule, who)?,
-            // Another plan's limit, or no plan at all: not this request's.
-            (Some(p), _) if Some(p) != plan => None,
-            (Some(_), Some(PlanOf::Anonymous(_))) => Some(Material::anonymous(&who.ip_key)),
-            (Some(_), _) => identity_material(rule, who)?,
-        };
-        let Some(material) = material else {
-            continue;
-        };
-        // A limit charged by the answer passes while a cost-1 request would; a concurrency
-        // limit takes one slot.
-        let (op, cost) = match rule.charge {
-            Charge::Request => (Op::Decide, cost(rule, headers)?),
-            Charge::Answer { .. } => (Op::Probe, 1),
-            Charge::InFlight => (Op::Decide, 1),
-        };
-        calls.push(LimitCall {
-            key: material.store_key(&rule.key_base),
-            params: rule.params,
-            cost,
-            shadow: rule.shadow,
-            op,
-        });
-        which.push(i);
+        match limit_call(rule, plan, plan_of, who, headers) {
+            Ok(Some(call)) => {
+                calls.push(call);
+                which.push(i);
+            }
+            Ok(None) => {}
+            Err(e) if rule.shadow => {
+                tracing::info!(route = %route.name, limit = %rule.name, refusal = %e.status(), "shadow limit would have refused this request");
+                shadowed.push(i);
+            }
+            Err(e) => return Err(e),
+        }
     }
     Ok(Plan {
         calls,
         which,
+        shadowed,
         plan_of,
     })
+}
+
+/// The store call of one limit for this request (`None`: the limit does not apply to it).
+fn limit_call(
+    rule: &LimitRule,
+    plan: Option<usize>,
+    plan_of: Option<PlanOf>,
+    who: &Identity<'_>,
+    headers: &HeaderMap,
+) -> Result<Option<LimitCall>, GatewayError> {
+    let material = match (rule.plan, plan_of) {
+        (None, _) => identity_material(rule, who)?,
+        // Another plan's limit, or no plan at all: not this request's.
+        (Some(p), _) if Some(p) != plan => None,
+        (Some(_), Some(PlanOf::Anonymous(_))) => Some(Material::anonymous(&who.ip_key)),
+        (Some(_), _) => identity_material(rule, who)?,
+    };
+    let Some(material) = material else {
+        return Ok(None);
+    };
+    // A limit charged by the answer passes while a cost-1 request would; a concurrency
+    // limit takes one slot.
+    let (op, cost) = match rule.charge {
+        Charge::Request => (Op::Decide, cost(rule, headers)?),
+        Charge::Answer { .. } => (Op::Probe, 1),
+        Charge::InFlight => (Op::Decide, 1),
+    };
+    Ok(Some(LimitCall {
+        key: material.store_key(&rule.key_base),
+        params: rule.params,
+        cost,
+        shadow: rule.shadow,
+        op,
+    }))
 }
 
 /// The stores a decision may use: the configured one, the embedded one for `on_error: local`,
@@ -240,9 +266,24 @@ pub async fn decide(
     stores: Stores<'_>,
 ) -> (Admission, Verdict) {
     let mut adm = Admission::default();
-    let Plan { calls, which, .. } = plan;
+    let Plan {
+        calls,
+        which,
+        shadowed,
+        ..
+    } = plan;
+    // shadow_limited outranks store_error_allowed and forwarded.
+    let (allowed_as, error_allowed_as) = if shadowed.is_empty() {
+        (Outcome::Forwarded, Outcome::StoreErrorAllowed)
+    } else {
+        (Outcome::ShadowLimited, Outcome::ShadowLimited)
+    };
+    adm.decisions = shadowed
+        .into_iter()
+        .map(|i| (i, DecisionLabel::ShadowLimited))
+        .collect();
     if calls.is_empty() {
-        return (adm, Verdict::Pass(Outcome::Forwarded));
+        return (adm, Verdict::Pass(allowed_as));
     }
 
     let started = Instant::now();
@@ -260,7 +301,7 @@ pub async fn decide(
             }
         }
         if let Some((i, d)) = hit.filter(|_| stores.store.healthy()) {
-            adm.decisions = vec![(i, DecisionLabel::Limited)];
+            adm.decisions.push((i, DecisionLabel::Limited));
             adm.headline = route.limits[i].headers.then_some((i, d));
             return (adm, refuse(refusals, i, d));
         }
@@ -271,7 +312,7 @@ pub async fn decide(
         took: started.elapsed(),
         error: None,
     };
-    let mut passes_as = Outcome::Forwarded;
+    let mut passes_as = allowed_as;
     let mut local = false;
     let decisions = match result {
         Ok(d) => {
@@ -302,18 +343,18 @@ pub async fn decide(
         Err(e) => {
             call.error = Some(e.clone());
             adm.store = Some(call);
-            let errors = || which.iter().map(|&i| (i, DecisionLabel::Error)).collect();
+            let errors = which.iter().map(|&i| (i, DecisionLabel::Error));
             match route.on_store_error {
                 OnError::Allow => {
-                    adm.decisions = errors();
-                    return (adm, Verdict::Pass(Outcome::StoreErrorAllowed));
+                    adm.decisions.extend(errors);
+                    return (adm, Verdict::Pass(error_allowed_as));
                 }
                 OnError::Deny => {
-                    adm.decisions = errors();
+                    adm.decisions.extend(errors);
                     return (adm, Verdict::Refuse(GatewayError::StoreUnavailable(e)));
                 }
                 OnError::Local => {
-                    passes_as = Outcome::StoreErrorAllowed;
+                    passes_as = error_allowed_as;
                     local = true;
                     stores.local.decide_as(&calls, id)
                 }

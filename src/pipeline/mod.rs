@@ -284,8 +284,7 @@ impl Gateway {
         let result = self.send(ctx, route, upstream, body, t).await;
         let secs = t.elapsed().as_secs_f64();
         match result {
-            Ok((res, target)) => {
-                ctx.upstream = Some(target);
+            Ok(res) => {
                 ctx.upstream_time = Some((secs, status_class(res.status().as_u16())));
                 Ok(res)
             }
@@ -359,7 +358,7 @@ impl Gateway {
         upstream: &Upstream,
         body: Incoming,
         started: Instant,
-    ) -> Result<(Response<Body>, Arc<str>), ForwardError> {
+    ) -> Result<Response<Body>, ForwardError> {
         let (table, host, rid) = (&ctx.live.table, ctx.host.as_ref(), &ctx.rid);
         // `ctx.peer()`, by field: `ctx.parts` is borrowed mutably below.
         let peer = ctx.conn.client(ctx.proxied);
@@ -413,7 +412,7 @@ impl Gateway {
             headers,
             has_host: host.is_some(),
         };
-        let (mut res, target) = upstream.send(out, body, started).await?;
+        let mut res = upstream.send(out, body, started, &mut ctx.upstream).await?;
 
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
         match (switching, client_upgrade) {
@@ -442,7 +441,7 @@ impl Gateway {
         // The gateway speaks its own HTTP version to the client (RFC 9110 §2.5), whatever
         // the upstream's was; hyper answers an HTTP/1.0 client in HTTP/1.0 itself.
         *res.version_mut() = Version::HTTP_11;
-        Ok((res.map(body::stream), target))
+        Ok(res.map(body::stream))
     }
 
     /// The one place a finished request is logged and counted.

@@ -215,6 +215,66 @@ async fn a_missing_identity_or_bad_cost_is_answered_before_any_store_call() {
     assert_eq!(r.unwrap_err().status(), StatusCode::BAD_REQUEST);
 }
 
+/// SPEC §2 `shadow: true`: "never reject", also where an enforced limit would answer before
+/// any store call (a missing identity under `on_missing: reject`, a bad cost header).
+#[tokio::test]
+async fn a_shadow_limit_never_refuses_for_a_missing_identity_or_a_bad_cost() {
+    let l = loaded(
+        "allow",
+        &[
+            "{ name: s, by: api_key, on_missing: reject, algorithm: gcra, rate: 5/1m, shadow: true, cost: { header: X-Cost, default: 1, max: 3 } }",
+            "{ name: e, by: ip, algorithm: gcra, rate: 5/1m }",
+        ],
+    );
+    let (store, local) = (memory(), local());
+    let mut bad_cost = HeaderMap::new();
+    bad_cost.insert("x-api-key", "k1".parse().unwrap());
+    bad_cost.insert("x-cost", "4".parse().unwrap());
+    for h in [HeaderMap::new(), bad_cost] {
+        let (adm, verdict) = admit(&l, &store, &local, &h).await.unwrap();
+        assert!(
+            matches!(verdict, Verdict::Pass(Outcome::ShadowLimited)),
+            "{verdict:?}"
+        );
+        assert_eq!(
+            adm.decisions,
+            vec![
+                (0, DecisionLabel::ShadowLimited),
+                (1, DecisionLabel::Allowed)
+            ]
+        );
+    }
+
+    // Alone on its route: no store call at all (the store is down and would refuse).
+    let l = loaded(
+        "deny",
+        &["{ name: s, by: api_key, on_missing: reject, algorithm: gcra, rate: 5/1m, shadow: true }"],
+    );
+    let (adm, verdict) = admit(&l, &store_down(), &local, &HeaderMap::new())
+        .await
+        .unwrap();
+    assert!(matches!(verdict, Verdict::Pass(Outcome::ShadowLimited)));
+    assert!(adm.store.is_none(), "{:?}", adm.store);
+
+    // With an enforced limit whose store call fails under `allow`: shadow_limited outranks
+    // store_error_allowed.
+    let l = loaded(
+        "allow",
+        &[
+            "{ name: s, by: api_key, on_missing: reject, algorithm: gcra, rate: 5/1m, shadow: true }",
+            "{ name: e, by: ip, algorithm: gcra, rate: 5/1m }",
+        ],
+    );
+    let (adm, verdict) = admit(&l, &store_down(), &local, &HeaderMap::new())
+        .await
+        .unwrap();
+    assert!(matches!(verdict, Verdict::Pass(Outcome::ShadowLimited)));
+    assert_eq!(
+        adm.decisions,
+        vec![(0, DecisionLabel::ShadowLimited), (1, DecisionLabel::Error)]
+    );
+}
+
 #[test]
 fn every_gateway_answer_is_rendered_in_one_shape() {
     let limited = GatewayError::Limited {

@@ -137,8 +137,8 @@ impl Upstream {
     }
 
     /// Send the request; on a refused connection try the next target with the same,
-    /// still unread, body. Returns the upstream's response head (and the target's name); its
-    /// body streams on. `now` is the caller's clock reading, taken just before: the
+    /// still unread, body. Returns the upstream's response head; its body streams on. `tried`
+    /// names the last target the request went to, answered or not (for the access log). `now` is the caller's clock reading, taken just before: the
     /// deadline, the refused-target check and the idle pool's pruning all use it rather than
     /// reading the clock again each.
     pub async fn send(
@@ -146,7 +146,8 @@ impl Upstream {
         out: Outgoing,
         body: Incoming,
         now: Instant,
-    ) -> Result<(Response<Streamed>, Arc<str>), ForwardError> {
+        tried: &mut Option<Arc<str>>,
+    ) -> Result<Response<Streamed>, ForwardError> {
         let deadline = tokio::time::Instant::from_std(now) + self.spec.timeout;
         // No body (most requests): nothing to share between attempts, nothing to allocate.
         let slot = (!body.is_end_stream()).then(|| {
@@ -168,6 +169,7 @@ impl Upstream {
         let mut headers = Some(out.headers);
         for (attempt, i) in order.enumerate() {
             let target = &self.targets[i];
+            *tried = Some(target.name.clone());
             let mut req = Request::new(ReplayBody {
                 slot: slot.clone(),
                 inner: None,
@@ -194,7 +196,7 @@ impl Upstream {
                         target.name, self.spec.timeout
                     )))
                 }
-                Ok(Ok(res)) => return Ok((res, target.name.clone())),
+                Ok(Ok(res)) => return Ok(res),
                 Ok(Err(e)) => e,
             };
             let err = match err {
