@@ -86,7 +86,7 @@ fn a_limited_route_is_not_missed_by_another_spelling_of_its_host_or_method() {
     }
     // Refused outright, where they would have reached the catch-all: a method frameworks
     // upper-case (RFC 9110 §9.1: methods are case-sensitive), no `Host` on HTTP/1.1
-    // (RFC 9112 §3.2), userinfo in the target (RFC 9110 §4.2.4).
+    // (RFC 9112 §3.2), userinfo in the target (RFC 9110 §4.2.4), an empty label.
     for req in [
         format!("post /auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"),
         format!("Post /auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"),
@@ -95,6 +95,9 @@ fn a_limited_route_is_not_missed_by_another_spelling_of_its_host_or_method() {
             "POST http://u@api.example.com/auth/login HTTP/1.1\r\nHost: api.example.com\r\n{LOGIN}"
         ),
         format!("POST /auth/login HTTP/1.1\r\nHost: u@api.example.com\r\n{LOGIN}"),
+        // An empty label: no name at all (nginx: 400), not `api.example.com.`.
+        format!("POST /auth/login HTTP/1.1\r\nHost: api.example.com..\r\n{LOGIN}"),
+        format!("POST http://api.example.com../auth/login HTTP/1.1\r\nHost: x\r\n{LOGIN}"),
     ] {
         let ex = send(&s, &req);
         assert_eq!(status(&ex), 400, "{req:?}: {}", ex.text());
@@ -162,6 +165,69 @@ fn an_h2c_upgrade_is_not_passed_through() {
                 "{upgrade}: `{gone}` reached the upstream: {echo}"
             );
         }
+    }
+}
+
+/// Fields named in `Connection` are for that one connection (RFC 9110 §7.6.1): the gateway
+/// removes them, so they must not pick the route, the identity or the cost either. Otherwise a
+/// fresh `X-Api-Key` listed in `Connection` is counted under a key of its own each time while
+/// the upstream, which never sees it, serves an anonymous request past the per-IP fallback.
+#[test]
+fn fields_named_by_connection_neither_route_nor_identify() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:
+  up: {{ targets: [{}], timeout: 5s }}
+routes:
+  - name: keyed
+    match: {{ path_prefix: /api }}
+    upstream: up
+    limits: [ {{ name: k, by: api_key, on_missing: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]
+  - name: users
+    match: {{ path_prefix: /u }}
+    upstream: up
+    limits: [ {{ name: u, by: user, on_missing: reject, algorithm: token_bucket, rate: 100/1h }} ]
+  - name: prod
+    match: {{ path_prefix: /env, headers: {{ X-Env: prod }} }}
+    upstream: up
+    limits: [ {{ name: p, by: route, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+",
+        up.url()
+    ));
+    // The anonymous client's one request an hour, by its address.
+    let first = send(&s, "GET /api/x HTTP/1.1\r\nHost: x\r\n\r\n");
+    assert_eq!(status(&first), 200, "{}", first.text());
+    for (i, connection) in ["X-Api-Key", "close, x-api-key", "keep-alive,X-API-KEY"]
+        .iter()
+        .enumerate()
+    {
+        let ex = send(
+            &s,
+            &format!(
+                "GET /api/x HTTP/1.1\r\nHost: x\r\nConnection: {connection}\r\nX-Api-Key: fresh-{i}\r\n\r\n"
+            ),
+        );
+        assert_eq!(status(&ex), 429, "{connection}: {}", ex.text());
+    }
+
+    let ex = send(
+        &s,
+        "GET /u/x HTTP/1.1\r\nHost: x\r\nConnection: X-User-Id\r\nX-User-Id: alice\r\n\r\n",
+    );
+    assert_eq!(status(&ex), 401, "{}", ex.text());
+
+    // Not the `prod` route (limited to one an hour) but the catch-all, twice.
+    for _ in 0..2 {
+        let ex = send(
+            &s,
+            "GET /env/x HTTP/1.1\r\nHost: x\r\nConnection: X-Env\r\nX-Env: prod\r\n\r\n",
+        );
+        assert_eq!(status(&ex), 200, "{}", ex.text());
+        let echo = ex.one().json();
+        assert!(echo["headers"]["x-env"].is_null(), "{echo}");
     }
 }
 

@@ -137,8 +137,9 @@ impl Gateway {
         }
     }
 
-    /// Refuse what cannot be routed safely, and settle the host and the path that are
-    /// matched, limited and forwarded: CONNECT and TRACE (405), the asterisk form (400), a transfer
+    /// Refuse what cannot be routed safely, and settle the host, the path and the fields that
+    /// are matched, limited and forwarded: CONNECT and TRACE (405), the fields `Connection`
+    /// names removed (see [`hop_by_hop::strip_listed`]), the asterisk form (400), a transfer
     /// coding other than `chunked` (400, connection closed: the body cannot be framed the way
     /// the client meant), a method in lower case or a host the gateway cannot name (400, see
     /// [`host`]), a path that does not normalize safely (400, see
@@ -156,6 +157,7 @@ impl Gateway {
                 "only the `chunked` transfer coding is accepted".into(),
             ));
         }
+        hop_by_hop::strip_listed(&mut ctx.parts.headers);
         // Methods are case-sensitive (RFC 9110 §9.1), but many frameworks upper-case them:
         // `post` would miss a `methods: [POST]` route and still reach the handler it guards.
         // nginx refuses them too.

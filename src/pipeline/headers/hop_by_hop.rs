@@ -82,16 +82,7 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
         present &= !UPGRADE_BIT;
     }
     if present & CONNECTION_BIT != 0 {
-        // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map
-        // can be changed while they are read.
-        let listed: String = connection_names(headers)
-            .filter(|n| !exempt(n))
-            .flat_map(|n| [n, ","])
-            .collect();
-        for n in listed.split_terminator(',') {
-            // Not a valid field name: nothing by that name to remove.
-            headers.remove(n);
-        }
+        remove_listed(headers);
     }
     for (i, name) in FIXED.iter().enumerate() {
         if present & (1 << i) != 0 {
@@ -100,6 +91,32 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+}
+
+/// Remove the fields `Connection` lists, before the request is routed, identified or costed:
+/// they are for this connection only and never reach the upstream, so they must not decide
+/// anything either. Otherwise `Connection: X-Api-Key` with a fresh `X-Api-Key` on every
+/// request would be counted under a key of its own each time while the upstream serves it as
+/// anonymous, out of reach of the per-IP fallback; `X-User-Id` likewise passes
+/// `on_missing: reject`, and a `match.headers` field picks a route. One lookup when there is
+/// no `Connection` (the usual HTTP/1.1 and every HTTP/2 request).
+pub fn strip_listed(headers: &mut HeaderMap) {
+    if headers.contains_key(header::CONNECTION) {
+        remove_listed(headers);
+    }
+}
+
+fn remove_listed(headers: &mut HeaderMap) {
+    // Copied out (one string, none for the usual `keep-alive` or `upgrade`) so the map can be
+    // changed while they are read.
+    let listed: String = connection_names(headers)
+        .filter(|n| !exempt(n))
+        .flat_map(|n| [n, ","])
+        .collect();
+    for n in listed.split_terminator(',') {
+        // Not a valid field name: nothing by that name to remove.
+        headers.remove(n);
     }
 }
 
@@ -150,6 +167,31 @@ mod tests {
             let name = HeaderName::from_bytes(other.as_bytes()).unwrap();
             assert_eq!(fixed(&name), None, "{other}");
         }
+    }
+
+    /// RFC 9110 §7.6.1: what `Connection` lists goes before routing; the fixed list, the
+    /// exempt names and `Connection` itself stay for [`strip`] (an upgrade is judged on them).
+    #[test]
+    fn strip_listed_removes_only_what_connection_names() {
+        let mut h = map(&[
+            ("connection", "close, X-Api-Key"),
+            ("connection", "upgrade,host ,x-user-id"),
+            ("upgrade", "websocket"),
+            ("x-api-key", "k"),
+            ("X-User-Id", "u"),
+            ("host", "h"),
+            ("te", "trailers"),
+            ("x-other", "o"),
+        ]);
+        strip_listed(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["connection", "host", "te", "upgrade", "x-other"]);
+        assert!(is_upgrade(&h));
+
+        let mut none = map(&[("x-api-key", "k")]);
+        strip_listed(&mut none);
+        assert_eq!(none.len(), 1);
     }
 
     #[test]

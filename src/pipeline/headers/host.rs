@@ -4,7 +4,8 @@
 //! does: the gateway would match and limit on one host while the upstream might serve
 //! another.
 //! - More than one `Host` field, or a value that is not `host[:port]` (RFC 9112 §3.2: a
-//!   server MUST answer 400 to either).
+//!   server MUST answer 400 to either), in the field or the target's authority; a name with
+//!   an empty label (`a..b`) is not one either, as nginx has it.
 //! - Userinfo (`user@`) in the target's authority or in `Host` (RFC 9110 §4.2.4: a recipient
 //!   SHOULD treat it as an error).
 //! - An HTTP/1.1 or HTTP/2 request with no host at all (RFC 9112 §3.2: a server MUST answer
@@ -48,6 +49,7 @@ pub fn of(
         if a.as_str().contains('@') {
             return Err(HostError::Userinfo);
         }
+        check(a.as_str().as_bytes())?;
         return HeaderValue::from_str(a.as_str())
             .map(Some)
             .map_err(|_| HostError::Invalid);
@@ -92,6 +94,9 @@ fn check(v: &[u8]) -> Result<(), HostError> {
     match host {
         None => Ok(()),
         Some(h) if h.contains(&b'@') => Err(HostError::Userinfo),
+        // An empty label (`api.example.com..`, `a..b`) names no host; it would miss
+        // `match.host` while a resolver-minded upstream trims it. nginx answers 400 too.
+        Some(h) if h.windows(2).any(|w| w == b"..") => Err(HostError::Invalid),
         Some(h) if !h.is_empty() && h.iter().all(|&b| reg_name(b)) => Ok(()),
         Some(_) => Err(HostError::Invalid),
     }
@@ -168,6 +173,11 @@ mod tests {
             "[zz::1]",
             "a\"b",
             "a<b>",
+            // Empty labels (nginx: 400); one trailing dot is a name (matched without it).
+            "a.example..",
+            "a..example",
+            "..",
+            "a.example..:80",
         ] {
             assert_eq!(h11("/x", &[v]), Err(HostError::Invalid), "{v:?}");
         }
@@ -201,6 +211,14 @@ mod tests {
             Err(HostError::Duplicate)
         );
         assert_eq!(h11("http://b.example/x", &["a b"]), Err(HostError::Invalid));
+        assert_eq!(
+            h11("http://b.example../x", &["b.example"]),
+            Err(HostError::Invalid)
+        );
+        assert_eq!(
+            h11("http://b.example./x", &[]),
+            Ok(Some("b.example.".into()))
+        );
     }
 
     #[test]
