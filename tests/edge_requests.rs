@@ -111,6 +111,38 @@ fn a_limited_route_is_not_missed_by_another_spelling_of_its_host_or_method() {
     );
 }
 
+/// `methods: [GET]` matches HEAD too: frameworks answer HEAD with the GET handler, so a HEAD
+/// that fell through to the catch-all would reach what the limit guards, unlimited.
+#[test]
+fn head_is_limited_with_get() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: search\n    match: {{ path: /search, methods: [GET] }}\n    upstream: up\n    limits: [ {{ name: k, by: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: up }}\n",
+        up.url()
+    ));
+    // A HEAD answer's head announces a body that does not follow: read its status line.
+    let head = || {
+        send(
+            &s,
+            "HEAD /search HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+        .text()
+    };
+    let first = head();
+    assert!(first.starts_with("HTTP/1.1 200 "), "{first}");
+    let ex = send(
+        &s,
+        "GET /search HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&ex), 429, "{}", ex.text());
+    let again = head();
+    assert!(again.starts_with("HTTP/1.1 429 "), "{again}");
+    assert!(again.contains("\"search/k\""), "{again}");
+    // Other methods still go by the list: POST is the catch-all's.
+    let post = "POST /search HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    assert_eq!(status(&send(&s, post)), 200);
+}
+
 /// RFC 9112 §3.2: "A server MUST respond with a 400 (Bad Request) status code to any
 /// HTTP/1.1 request message that lacks a Host header field and to any request message that
 /// contains more than one Host header field line or a Host header field with an invalid field

@@ -740,8 +740,12 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
             ),
         }
     }
+    // `GET` brings `HEAD` along (nginx's `limit_except GET` does too): frameworks answer HEAD
+    // with the GET handler, so a limit on `methods: [GET]` that HEAD missed would be a way
+    // around it.
     let methods = m.methods.as_ref().map(|ms| {
-        ms.iter()
+        let mut methods: Vec<Method> = ms
+            .iter()
             .enumerate()
             .filter_map(
                 |(i, s)| match Method::from_bytes(s.to_ascii_uppercase().as_bytes()) {
@@ -755,7 +759,11 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
                     }
                 },
             )
-            .collect()
+            .collect();
+        if methods.contains(&Method::GET) && !methods.contains(&Method::HEAD) {
+            methods.push(Method::HEAD);
+        }
+        methods
     });
     let host = m.host.as_ref().and_then(|h| {
         let h = h.to_ascii_lowercase();
