@@ -111,6 +111,52 @@ fn a_limited_route_is_not_missed_by_another_spelling_of_its_host_or_method() {
     );
 }
 
+/// An API key given twice (two fields, two query parameters, or the header and the query
+/// disagreeing) is 400: the gateway would count one value while the upstream may read the
+/// other (PHP and Rails take the last parameter, Node joins repeated fields), so a fresh
+/// value where the gateway looks would buy unlimited use of the real key.
+#[test]
+fn an_api_key_given_twice_is_refused() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits: [ {{ name: k, by: api_key, on_missing: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]\n",
+        up.url()
+    ));
+    let close = "Connection: close\r\n\r\n";
+    let first = send(
+        &s,
+        &format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Api-Key: REAL\r\n{close}"),
+    );
+    assert_eq!(status(&first), 200, "{}", first.text());
+    for req in [
+        format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Api-Key: fresh\r\nX-Api-Key: REAL\r\n{close}"),
+        format!("GET /x HTTP/1.1\r\nHost: x\r\nX-Api-Key: REAL\r\nx-api-key: REAL\r\n{close}"),
+        format!("GET /x?api_key=fresh&api_key=REAL HTTP/1.1\r\nHost: x\r\n{close}"),
+        format!("GET /x?api_key=fresh HTTP/1.1\r\nHost: x\r\nX-Api-Key: REAL\r\n{close}"),
+        format!("GET /x?api_key=REAL HTTP/1.1\r\nHost: x\r\nX-Api-Key: fresh\r\n{close}"),
+    ] {
+        let ex = send(&s, &req);
+        assert_eq!(status(&ex), 400, "{req:?}: {}", ex.text());
+        let doc = ex.one().json();
+        assert!(
+            doc["detail"].as_str().unwrap_or_default().contains("api"),
+            "{req:?}: {doc}"
+        );
+    }
+    // The same key in both places is one key: spent.
+    let ex = send(
+        &s,
+        &format!("GET /x?api_key=REAL HTTP/1.1\r\nHost: x\r\nX-Api-Key: REAL\r\n{close}"),
+    );
+    assert_eq!(status(&ex), 429, "{}", ex.text());
+    assert_eq!(
+        settled_hits(&up),
+        1,
+        "only the first request reached the upstream"
+    );
+    assert_eq!(requests_total(&s, "api", "rejected_identity"), 5.0);
+}
+
 /// `methods: [GET]` matches HEAD too: frameworks answer HEAD with the GET handler, so a HEAD
 /// that fell through to the catch-all would reach what the limit guards, unlimited.
 #[test]

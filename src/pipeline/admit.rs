@@ -102,9 +102,9 @@ pub fn identity_material(
     for part in &rule.by {
         let v = match part {
             KeyPart::Ip => Some(who.ip_key.as_str()),
-            KeyPart::ApiKey => who.api_key(),
-            KeyPart::User => who.user(),
-            KeyPart::Header(h) => who.header(h),
+            KeyPart::ApiKey => who.api_key()?,
+            KeyPart::User => who.user()?,
+            KeyPart::Header(h) => who.header(h)?,
             KeyPart::Route => Some(""),
             KeyPart::Consumer => who.consumer,
         };
@@ -183,7 +183,7 @@ pub fn plan<'a>(
     consumers: &'a Consumers,
 ) -> Result<Plan, GatewayError> {
     let plan_of = match route.consumers {
-        Some(mode) => plan_of(mode, consumers, who.api_key())?,
+        Some(mode) => plan_of(mode, consumers, who.api_key()?)?,
         None => None,
     };
     let plan = plan_of.map(|p| p.plan(consumers));

@@ -75,43 +75,93 @@ fn forwarded_for(v: &str) -> impl Iterator<Item = Option<IpAddr>> + '_ {
     })
 }
 
+/// An identity the request gives more than one value for. The gateway would count one while
+/// the upstream may read another (the last of two fields or query parameters, as PHP and
+/// Rails do; both joined, as Node does; the query's where the gateway read the header), so
+/// a fresh value in the counted place would buy unlimited use of the one the upstream takes.
+/// Answered 400, like Kong's "Duplicate API key found".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Ambiguous {
+    #[error("`{0}` appears more than once")]
+    Header(HeaderName),
+    #[error("the query parameter `{0}` appears more than once")]
+    Query(String),
+    #[error("the API key differs between `{0}` and the query parameter `{1}`")]
+    HeaderAndQuery(HeaderName, String),
+}
+
 impl IdentitySources {
-    /// API key from the header, then the query string; empty counts as missing. Read from the
-    /// header, it is borrowed, not copied.
-    pub fn api_key<'h>(&self, headers: &'h HeaderMap, query: Option<&str>) -> Option<Cow<'h, str>> {
-        if let Some(v) = self
-            .api_key_header
-            .as_ref()
-            .and_then(|h| header_str(headers, h))
-        {
-            return Some(Cow::Borrowed(v));
-        }
-        let name = self.api_key_query.as_deref()?;
-        query?.split('&').find_map(|pair| {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            (percent_decode(k) == name)
-                .then(|| percent_decode(v))
-                .filter(|v| !v.is_empty())
-                .map(Cow::Owned)
+    /// API key from the header, else the query string; empty counts as missing. Read from the
+    /// header, it is borrowed, not copied. More than one value (see [`Ambiguous`]) is an error.
+    pub fn api_key<'h>(
+        &self,
+        headers: &'h HeaderMap,
+        query: Option<&str>,
+    ) -> Result<Option<Cow<'h, str>>, Ambiguous> {
+        let header = match &self.api_key_header {
+            Some(h) => one_header(headers, h)?.map(|v| (h, v)),
+            None => None,
+        };
+        let from_query = match (self.api_key_query.as_deref(), query) {
+            (Some(name), Some(q)) => query_value(q, name)?.map(|v| (name, v)),
+            _ => None,
+        };
+        Ok(match (header, from_query) {
+            (Some((h, v)), Some((name, q))) if q != v => {
+                return Err(Ambiguous::HeaderAndQuery(h.clone(), name.to_owned()))
+            }
+            (Some((_, v)), _) => Some(Cow::Borrowed(v)),
+            (None, q) => q.map(|(_, v)| Cow::Owned(v)),
         })
     }
 
     /// User from the trusted header, or from a valid JWT; an invalid or expired token is missing.
-    pub fn user<'h>(&self, headers: &'h HeaderMap, now_secs: u64) -> Option<Cow<'h, str>> {
+    pub fn user<'h>(
+        &self,
+        headers: &'h HeaderMap,
+        now_secs: u64,
+    ) -> Result<Option<Cow<'h, str>>, Ambiguous> {
         if let Some(jwt) = &self.jwt {
-            return jwt.user(headers, now_secs).map(Cow::Owned);
+            let token = one_header(headers, &jwt.header)?;
+            return Ok(token.and_then(|t| jwt.user(t, now_secs)).map(Cow::Owned));
         }
-        self.user_header
-            .as_ref()
-            .and_then(|h| header_str(headers, h))
-            .map(Cow::Borrowed)
+        Ok(match &self.user_header {
+            Some(h) => one_header(headers, h)?.map(Cow::Borrowed),
+            None => None,
+        })
     }
 }
 
-/// A header's value, trimmed; a missing, empty or non-visible-ASCII value is none.
-pub fn header_str<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Option<&'h str> {
-    let v = headers.get(name)?.to_str().ok()?.trim();
-    (!v.is_empty()).then_some(v)
+/// The one value of a query parameter, decoded; empty counts as missing. Two of them, even
+/// an empty one beside a value, are [`Ambiguous::Query`].
+fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
+    let mut found: Option<String> = None;
+    for pair in query.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        if percent_decode(k) == name {
+            if found.is_some() {
+                return Err(Ambiguous::Query(name.to_owned()));
+            }
+            found = Some(percent_decode(v));
+        }
+    }
+    Ok(found.filter(|v| !v.is_empty()))
+}
+
+/// A header's one value, trimmed; a missing, empty or non-visible-ASCII value is none, and
+/// more than one field line is [`Ambiguous::Header`].
+pub fn one_header<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h str>, Ambiguous> {
+    let mut all = headers.get_all(name).iter();
+    let Some(v) = all.next() else {
+        return Ok(None);
+    };
+    if all.next().is_some() {
+        return Err(Ambiguous::Header(name.clone()));
+    }
+    Ok(v.to_str().ok().map(str::trim).filter(|v| !v.is_empty()))
 }
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, bad escapes stay as they are.
@@ -153,8 +203,9 @@ pub fn bearer_token(value: &str) -> Option<&str> {
 }
 
 impl JwtSource {
-    fn user(&self, headers: &HeaderMap, now_secs: u64) -> Option<String> {
-        let token = bearer_token(header_str(headers, &self.header)?)?;
+    /// The user a verified, unexpired token in `value` (an `Authorization`-style field) names.
+    fn user(&self, value: &str, now_secs: u64) -> Option<String> {
+        let token = bearer_token(value)?;
         let mut it = token.split('.');
         let (h, p, sig) = (it.next()?, it.next()?, it.next()?);
         if it.next().is_some() {
@@ -192,8 +243,8 @@ pub struct Identity<'a> {
     headers: &'a HeaderMap,
     query: Option<&'a str>,
     sources: &'a IdentitySources,
-    api_key: std::cell::OnceCell<Option<Cow<'a, str>>>,
-    user: std::cell::OnceCell<Option<Cow<'a, str>>>,
+    api_key: std::cell::OnceCell<Result<Option<Cow<'a, str>>, Ambiguous>>,
+    user: std::cell::OnceCell<Result<Option<Cow<'a, str>>, Ambiguous>>,
     /// The consumer whose key the request carries (routes with `consumers:` only).
     pub consumer: Option<&'a str>,
 }
@@ -219,13 +270,15 @@ impl<'a> Identity<'a> {
         }
     }
 
-    pub fn api_key(&self) -> Option<&str> {
+    pub fn api_key(&self) -> Result<Option<&str>, Ambiguous> {
         self.api_key
             .get_or_init(|| self.sources.api_key(self.headers, self.query))
-            .as_deref()
+            .as_ref()
+            .map(|v| v.as_deref())
+            .map_err(Clone::clone)
     }
 
-    pub fn user(&self) -> Option<&str> {
+    pub fn user(&self) -> Result<Option<&str>, Ambiguous> {
         self.user
             .get_or_init(|| {
                 // A token's `exp` is checked against the wall clock (as every JWT verifier
@@ -236,11 +289,13 @@ impl<'a> Identity<'a> {
                     .map_or(0, |d| d.as_secs());
                 self.sources.user(self.headers, now)
             })
-            .as_deref()
+            .as_ref()
+            .map(|v| v.as_deref())
+            .map_err(Clone::clone)
     }
 
-    pub fn header(&self, name: &HeaderName) -> Option<&'a str> {
-        header_str(self.headers, name)
+    pub fn header(&self, name: &HeaderName) -> Result<Option<&'a str>, Ambiguous> {
+        one_header(self.headers, name)
     }
 }
 
@@ -365,17 +420,55 @@ mod tests {
     #[test]
     fn api_key_header_then_query() {
         let s = sources();
+        let key = |h: &[(&str, &str)], q: Option<&str>| {
+            s.api_key(&super::tests::h(h), q)
+                .map(|k| k.map(Cow::into_owned))
+        };
+        assert_eq!(key(&[("x-api-key", "k1")], None), Ok(Some("k1".into())));
         assert_eq!(
-            s.api_key(&h(&[("x-api-key", "k1")]), Some("api_key=k2")),
-            Some("k1".into())
+            key(&[("x-api-key", "k1")], Some("api_key=k1&a=2")),
+            Ok(Some("k1".into())),
+            "the same key in both places"
+        );
+        assert_eq!(key(&[], Some("a=1&api_key=k%202")), Ok(Some("k 2".into())));
+        assert_eq!(key(&[("x-api-key", " ")], Some("api_key=")), Ok(None));
+        assert_eq!(key(&[], None), Ok(None));
+        assert_eq!(key(&[], Some("api_keyx=1")), Ok(None));
+    }
+
+    /// Two values for one identity: the gateway would count one and the upstream might read
+    /// the other, so a fresh value where the gateway looks buys unlimited use of the real one.
+    #[test]
+    fn an_api_key_or_user_given_twice_is_ambiguous() {
+        let s = sources();
+        let key = |h: &[(&str, &str)], q: Option<&str>| {
+            s.api_key(&super::tests::h(h), q)
+                .map(|k| k.map(Cow::into_owned))
+        };
+        let header = || Ambiguous::Header(HeaderName::from_static("x-api-key"));
+        assert_eq!(
+            key(&[("x-api-key", "a"), ("x-api-key", "b")], None),
+            Err(header())
         );
         assert_eq!(
-            s.api_key(&HeaderMap::new(), Some("a=1&api_key=k%202")),
-            Some("k 2".into())
+            key(&[("x-api-key", "a"), ("X-Api-Key", "a")], None),
+            Err(header())
         );
-        assert_eq!(s.api_key(&h(&[("x-api-key", " ")]), Some("api_key=")), None);
-        assert_eq!(s.api_key(&HeaderMap::new(), None), None);
-        assert_eq!(s.api_key(&HeaderMap::new(), Some("api_keyx=1")), None);
+        let query = Err(Ambiguous::Query("api_key".into()));
+        assert_eq!(key(&[], Some("api_key=a&api_key=b")), query);
+        assert_eq!(key(&[], Some("api_key=&api_key=b")), query);
+        assert_eq!(key(&[], Some("api_key=a&api%5Fkey=a")), query);
+        assert_eq!(
+            key(&[("x-api-key", "a")], Some("api_key=b")),
+            Err(Ambiguous::HeaderAndQuery(
+                HeaderName::from_static("x-api-key"),
+                "api_key".into()
+            ))
+        );
+        assert_eq!(
+            s.user(&h(&[("x-user-id", "a"), ("x-user-id", "b")]), 0),
+            Err(Ambiguous::Header(HeaderName::from_static("x-user-id")))
+        );
     }
 
     fn jwt(claims: &str, secret: &[u8]) -> String {
@@ -398,32 +491,47 @@ mod tests {
         });
         let ok = jwt(r#"{"sub":"alice","exp":2000}"#, b"s3cret");
         assert_eq!(
-            s.user(&h(&[("authorization", &ok)]), 1000),
+            s.user(&h(&[("authorization", &ok)]), 1000).unwrap(),
             Some("alice".into())
         );
-        assert_eq!(s.user(&h(&[("authorization", &ok)]), 2000), None, "expired");
+        assert_eq!(
+            s.user(&h(&[("authorization", &ok)]), 2000).unwrap(),
+            None,
+            "expired"
+        );
         let forged = jwt(r#"{"sub":"alice"}"#, b"other");
-        assert_eq!(s.user(&h(&[("authorization", &forged)]), 1000), None);
+        assert_eq!(
+            s.user(&h(&[("authorization", &forged)]), 1000).unwrap(),
+            None
+        );
         let no_exp = jwt(r#"{"sub":"bob"}"#, b"s3cret");
         assert_eq!(
-            s.user(&h(&[("authorization", &no_exp)]), 1000),
+            s.user(&h(&[("authorization", &no_exp)]), 1000).unwrap(),
             Some("bob".into())
         );
-        assert_eq!(s.user(&h(&[("authorization", "Bearer x.y")]), 1000), None);
+        assert_eq!(
+            s.user(&h(&[("authorization", "Bearer x.y")]), 1000)
+                .unwrap(),
+            None
+        );
         // The plain user header is not believed when JWT is configured.
-        assert_eq!(s.user(&h(&[("x-user-id", "mallory")]), 1000), None);
+        assert_eq!(s.user(&h(&[("x-user-id", "mallory")]), 1000).unwrap(), None);
         // Only the Bearer scheme carries a token (RFC 6750 §2.1), in any case (RFC 9110 §11.1).
         let bare = ok.strip_prefix("Bearer ").unwrap();
-        assert_eq!(s.user(&h(&[("authorization", bare)]), 1000), None);
+        assert_eq!(s.user(&h(&[("authorization", bare)]), 1000).unwrap(), None);
         for scheme in ["bearer", "BEARER", "BeArEr"] {
             let v = format!("{scheme} {bare}");
             assert_eq!(
-                s.user(&h(&[("authorization", &v)]), 1000),
+                s.user(&h(&[("authorization", &v)]), 1000).unwrap(),
                 Some("alice".into())
             );
         }
         for v in [format!("Basic {bare}"), format!("Token {bare}")] {
-            assert_eq!(s.user(&h(&[("authorization", &v)]), 1000), None, "{v}");
+            assert_eq!(
+                s.user(&h(&[("authorization", &v)]), 1000).unwrap(),
+                None,
+                "{v}"
+            );
         }
     }
 

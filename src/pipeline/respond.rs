@@ -13,6 +13,7 @@ use crate::model::outcome::Outcome;
 use crate::model::route::Route;
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::ratelimit;
+use crate::pipeline::identify::Ambiguous;
 use crate::pipeline::upstream::ForwardError;
 
 /// Why the gateway answered instead of the upstream.
@@ -24,6 +25,9 @@ pub enum GatewayError {
     MissingIdentity { limit: Arc<str> },
     #[error("header `{header}` must be an integer cost from 1 to {max}")]
     BadCost { header: String, max: u64 },
+    /// An identity given twice (see [`Ambiguous`]).
+    #[error("{0}")]
+    AmbiguousIdentity(#[from] Ambiguous),
     /// A `consumers: required` route, and the request's API key is missing or nobody's.
     #[error("{}", if *key_present { "this API key belongs to no consumer" } else { "this route needs an API key" })]
     UnknownConsumer { key_present: bool },
@@ -63,7 +67,9 @@ impl GatewayError {
             GatewayError::MissingIdentity { .. } | GatewayError::UnknownConsumer { .. } => {
                 StatusCode::UNAUTHORIZED
             }
-            GatewayError::BadCost { .. } => StatusCode::BAD_REQUEST,
+            GatewayError::BadCost { .. } | GatewayError::AmbiguousIdentity(_) => {
+                StatusCode::BAD_REQUEST
+            }
             GatewayError::Limited { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
@@ -81,6 +87,7 @@ impl GatewayError {
             GatewayError::NoRoute => Outcome::NoRoute,
             GatewayError::MissingIdentity { .. }
             | GatewayError::BadCost { .. }
+            | GatewayError::AmbiguousIdentity(_)
             | GatewayError::UnknownConsumer { .. } => Outcome::RejectedIdentity,
             GatewayError::Limited { .. } => Outcome::Limited,
             GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
