@@ -530,6 +530,42 @@ async fn h2_header_list_limit_is_64k() {
     assert_eq!(settled_hits(&up), 1);
 }
 
+/// HTTP/2's `:path` can carry bytes HTTP/1.1's request line cannot (raw UTF-8 here, which
+/// HTTP/1.1 answers 400 for): refused the same way, not forwarded into an HTTP/1.1 request
+/// line (RFC 3986 §3.3, RFC 9112 §3.2), nor matched beside the percent-encoded spelling.
+#[tokio::test]
+async fn h2_path_with_raw_bytes_is_400() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let c: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let uri: http::Uri = s
+        .url("/d\u{e9}ny")
+        .parse()
+        .expect("http takes raw UTF-8 in a path");
+    let req = http::Request::get(uri)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(10), c.request(req))
+        .await
+        .expect("h2 request timed out")
+        .expect("an answer");
+    assert_eq!(res.status(), 400);
+    let r = get(&c, &s.url("/d%C3%A9ny"), &[]).await;
+    assert_eq!(r.status, 200, "the encoded spelling passes");
+    assert_eq!(settled_hits(&up), 1);
+
+    let raw = exchange(
+        s.addr,
+        "GET /d\u{e9}ny HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".as_bytes(),
+        Duration::from_millis(1500),
+    );
+    assert_eq!(raw.statuses(), vec![400], "{}", raw.text());
+    assert_eq!(settled_hits(&up), 1);
+}
+
 // ---------------------------------------------------------------------------------------
 // Request-target forms.
 // ---------------------------------------------------------------------------------------

@@ -59,6 +59,11 @@ pub enum PathError {
     BadEscape,
     #[error("the request target is not an absolute path")]
     NotAbsolute,
+    /// A byte RFC 3986 §3.3 does not allow unescaped (a control, a space, anything not ASCII):
+    /// HTTP/1.1's parser refuses these in the request line, but an HTTP/2 `:path` can carry
+    /// them, and forwarded they would make an HTTP/1.1 request line no upstream should parse.
+    #[error("the path contains a byte that must be percent-encoded")]
+    RawByte,
 }
 
 /// Normalize an absolute path (no query). Borrows when the path is already normal, which is
@@ -86,6 +91,7 @@ fn is_normal(b: &[u8], merge_slashes: bool) -> bool {
     for (i, &c) in b.iter().enumerate() {
         match c {
             b'%' | b'\\' => return false,
+            c if !c.is_ascii_graphic() => return false,
             b'/' if merge_slashes && prev == b'/' => return false,
             b'.' if prev == b'/' => {
                 // "/." then end, "/" or "." (so "/..") starts a dot segment.
@@ -117,6 +123,7 @@ fn decode(b: &[u8], escaped: EscapedSlashes) -> Result<Vec<u8>, PathError> {
     while i < b.len() {
         match b[i] {
             b'\\' => return Err(PathError::Backslash),
+            c if !c.is_ascii_graphic() => return Err(PathError::RawByte),
             b'%' => {
                 let (Some(h), Some(l)) = (
                     b.get(i + 1).copied().and_then(hex),
@@ -213,6 +220,24 @@ mod tests {
             };
             assert_eq!(n(p).as_deref(), Ok(want), "{p}");
         }
+    }
+
+    /// RFC 3986 §3.3: a path is ASCII, with anything else percent-encoded. HTTP/2's `:path`
+    /// can carry raw bytes HTTP/1.1's request line cannot; they are refused, not forwarded.
+    #[test]
+    fn raw_bytes_are_refused() {
+        for p in [
+            "/d\u{e9}ny",
+            "/a b",
+            "/a\tb",
+            "/a\x7f",
+            "/a\0",
+            "/x/../d\u{e9}ny",
+            "/%41\u{e9}",
+        ] {
+            assert_eq!(n(p), Err(PathError::RawByte), "{p:?}");
+        }
+        assert_eq!(n("/d%C3%A9ny").as_deref(), Ok("/d%C3%A9ny"));
     }
 
     #[test]
