@@ -210,3 +210,42 @@ routes:
         "{err}"
     );
 }
+
+/// `path_regex` must match the whole (normalized) path, not a part of it: `/users/[0-9]+`
+/// takes `/users/12` and its spellings, never `/users/12/x` or `/api/users/12`; and the
+/// case-folding regex the configuration reference suggests takes what frameworks fold into
+/// `/deny`.
+#[test]
+fn a_path_regex_matches_the_whole_path() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams: {{ up: {{ targets: [{}] }} }}
+routes:
+  - name: user
+    match: {{ path_regex: \"/users/[0-9]+\" }}
+    upstream: up
+    limits: [ {{ name: k, by: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]
+  - name: deny
+    match: {{ path_regex: \"(?i)/deny/?\" }}
+    upstream: up
+    limits: [ {{ name: k, by: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]
+  - name: rest
+    match: {{ path_prefix: / }}
+    upstream: up
+",
+        up.url()
+    ));
+    assert_eq!(raw_get(s.addr, "/users/12").0, 200);
+    for spent in ["/users/12", "/users//12", "/x/../users/%31%32"] {
+        assert_eq!(raw_get(s.addr, spent).0, 429, "{spent}");
+    }
+    for other in ["/users/12/x", "/api/users/12", "/users/12a", "/users/"] {
+        let (status, body) = raw_get(s.addr, other);
+        assert_eq!(status, 200, "{other}: {body}");
+    }
+    assert_eq!(raw_get(s.addr, "/deny").0, 200);
+    for spent in ["/DENY", "/deny/", "/Deny/"] {
+        assert_eq!(raw_get(s.addr, spent).0, 429, "{spent}");
+    }
+    assert_eq!(raw_get(s.addr, "/denyx").0, 200);
+}
