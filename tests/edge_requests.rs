@@ -423,6 +423,15 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
             502,
         ),
         ("ten", "HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", 200),
+        // RFC 9110 §8.6: a list of one length repeated may be taken as that length, and a
+        // proxy then sends the one value; differing lengths frame nothing.
+        ("cl-list", "HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok", 200),
+        (
+            "cl-twice",
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\nok",
+            200,
+        ),
+        ("cl-differ", "HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\nok", 502),
     ];
     let mut yaml = String::from("upstreams:\n");
     for (name, answer, _) in &cases {
@@ -452,6 +461,12 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
             );
         } else {
             assert!(text.ends_with("\r\n\r\nok"), "{name}: {text}");
+            let lengths: Vec<&str> = text
+                .lines()
+                .filter(|l| l.to_ascii_lowercase().starts_with("content-length:"))
+                .collect();
+            assert_eq!(lengths.len(), 1, "{name}: {text}");
+            assert_eq!(lengths[0][15..].trim(), "2", "{name}: {text}");
         }
     }
 }

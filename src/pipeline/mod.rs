@@ -437,7 +437,10 @@ impl Gateway {
                     "101 to a request that asked no upgrade",
                 ))
             }
-            (false, _) => answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?,
+            (false, _) => {
+                answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?;
+                one_content_length(res.headers_mut());
+            }
         }
         hop_by_hop::strip(res.headers_mut(), switching);
         // The gateway speaks its own HTTP version to the client (RFC 9110 §2.5), whatever
@@ -589,6 +592,29 @@ fn answer_framing(headers: &http::HeaderMap) -> Result<(), &'static str> {
         return Err("both Content-Length and Transfer-Encoding");
     }
     Ok(())
+}
+
+/// An upstream `Content-Length` of one length repeated (`2, 2`, or two fields of `2`) goes to
+/// the client as that one length (RFC 9110 §8.6: a recipient may take the list as the length,
+/// and a proxy then forwards the single value). hyper framed the body by it, and has already
+/// refused lists that disagree; a client that refuses the list itself would lose the answer.
+/// One lookup when the field is the usual single number.
+fn one_content_length(headers: &mut http::HeaderMap) {
+    use http::header::CONTENT_LENGTH;
+    let mut all = headers.get_all(CONTENT_LENGTH).iter();
+    let Some(first) = all.next() else { return };
+    if all.next().is_none() && first.as_bytes().iter().all(u8::is_ascii_digit) {
+        return;
+    }
+    let one = first
+        .as_bytes()
+        .split(|&b| b == b',')
+        .next()
+        .map(<[u8]>::trim_ascii)
+        .and_then(|n| http::HeaderValue::from_bytes(n).ok());
+    if let Some(one) = one {
+        headers.insert(CONTENT_LENGTH, one);
+    }
 }
 
 #[cfg(test)]
