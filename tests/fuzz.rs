@@ -1227,6 +1227,7 @@ fn path_prop(raw: &str) -> Result<(), TestCaseError> {
         match normalize(raw, rules) {
             Ok(out) => {
                 assert_normal(&out, rules)?;
+                prop_assert!(out.bytes().all(|b| b.is_ascii_graphic()), "{out:?}");
                 let again = normalize(&out, rules);
                 prop_assert_eq!(
                     again.as_deref(),
@@ -1251,6 +1252,7 @@ fn path_prop(raw: &str) -> Result<(), TestCaseError> {
                 PathError::AboveRoot => {
                     prop_assert!(raw.contains('.') || has_escape(raw, &["2e"]))
                 }
+                PathError::RawByte => prop_assert!(raw.bytes().any(|b| !b.is_ascii_graphic())),
             },
         }
     }
