@@ -202,6 +202,48 @@ fn equal_content_lengths_are_one_length() {
     }
 }
 
+/// A GET or HEAD with a chunked body reaches the upstream with that body, chunked: hyper's
+/// client sends these methods bodiless unless told the coding, which dropped the client's
+/// bytes without a word. With a `Content-Length` they always went; a GET without a body
+/// still goes without one.
+#[test]
+fn a_chunked_get_body_is_forwarded() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let ex = exchange(
+        s.addr,
+        b"GET /q HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n",
+        QUIET,
+    );
+    let echo = ex.one().json();
+    assert_eq!(echo["method"], "GET", "{echo}");
+    assert_eq!(echo["body_len"], 11, "{echo}");
+    assert_eq!(
+        echo["headers"]["transfer-encoding"],
+        serde_json::json!(["chunked"])
+    );
+
+    let ex = exchange(
+        s.addr,
+        b"GET /q HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello",
+        QUIET,
+    );
+    let echo = ex.one().json();
+    assert_eq!(echo["body_len"], 5, "{echo}");
+    assert!(echo["headers"]["transfer-encoding"].is_null(), "{echo}");
+
+    let ex = exchange(
+        s.addr,
+        b"GET /q HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        QUIET,
+    );
+    let echo = ex.one().json();
+    assert_eq!(echo["body_len"], 0, "{echo}");
+    assert!(echo["headers"]["transfer-encoding"].is_null(), "{echo}");
+    assert!(echo["headers"]["content-length"].is_null(), "{echo}");
+    assert_eq!(settled_hits(&up), 3);
+}
+
 // ---------------------------------------------------------------------------------------
 // Transfer codings: only exactly `chunked` is framed; anything else is 400 and close.
 // ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::HOST;
+use http::header::{CONTENT_LENGTH, HOST, TRANSFER_ENCODING};
 use http::uri::Authority;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, Uri, Version};
 use http_body::{Body as HttpBody, Frame, SizeHint};
@@ -156,6 +156,17 @@ impl Upstream {
                 failed: AtomicBool::new(false),
             })
         });
+        // A GET or HEAD body of unknown length (chunked, or HTTP/2 DATA without a length):
+        // hyper's client would send these methods with no body at all unless told the coding,
+        // and the client's bytes would be dropped without a word. Sent chunked, as received.
+        let mut headers = out.headers;
+        if slot.is_some()
+            && matches!(out.method, Method::GET | Method::HEAD)
+            && !headers.contains_key(CONTENT_LENGTH)
+        {
+            headers.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        }
+        let mut headers = Some(headers);
         let n = self.targets.len();
         let first = self.next.fetch_add(1, Ordering::Relaxed);
         let now_ms = ms_at(now);
@@ -166,7 +177,6 @@ impl Upstream {
             .chain((0..n).map(|i| (first + i) % n))
             .take(n);
         let mut last = None;
-        let mut headers = Some(out.headers);
         for (attempt, i) in order.enumerate() {
             let target = &self.targets[i];
             *tried = Some(target.name.clone());
