@@ -309,6 +309,36 @@ routes:
     }
 }
 
+/// A field whose name holds `_` is not forwarded (nginx's `underscores_in_headers off`):
+/// CGI-style upstreams read `X_Api_Key` and `X-Api-Key` as one name, so the real key could
+/// ride beside a made-up one the gateway counts. The gateway itself still reads such a field.
+#[test]
+fn fields_with_an_underscore_are_not_forwarded() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: t\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits: [ {{ name: k, by: \"header:X_Tenant\", on_missing: reject, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]\n",
+        up.url()
+    ));
+    let req = "GET /x HTTP/1.1\r\nHost: x\r\nX_Tenant: a\r\nX-Api-Key: fresh\r\nX_Api_Key: REAL\r\nConnection: close\r\n\r\n";
+    let ex = send(&s, req);
+    assert_eq!(status(&ex), 200, "{}", ex.text());
+    let headers = &ex.one().json()["headers"];
+    assert_eq!(
+        headers["x-api-key"],
+        serde_json::json!(["fresh"]),
+        "{headers}"
+    );
+    for gone in ["x_api_key", "x_tenant"] {
+        assert!(
+            headers[gone].is_null(),
+            "`{gone}` reached the upstream: {headers}"
+        );
+    }
+    // The limit keyed by `X_Tenant` saw it: tenant `a` is spent.
+    let ex = send(&s, req);
+    assert_eq!(status(&ex), 429, "{}", ex.text());
+}
+
 /// A connection that connects and sends nothing, or only part of the HTTP/2 preface, is
 /// closed `client_header_timeout` after it opened (hyper's own header timeout only starts once
 /// HTTP/1 has been told from HTTP/2).

@@ -40,7 +40,7 @@ use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
 use headers::request_id::X_REQUEST_ID;
-use headers::{forwarded, hop_by_hop, host, ratelimit};
+use headers::{forwarded, hop_by_hop, host, ratelimit, underscore};
 use identify::Identity;
 use live::Live;
 use respond::{GatewayError, Refusal};
@@ -377,6 +377,7 @@ impl Gateway {
         // The head's headers are not read after this phase: move them, don't copy them.
         let mut headers = std::mem::take(&mut parts.headers);
         hop_by_hop::strip(&mut headers, upgrade);
+        underscore::strip(&mut headers);
         forwarded::apply(
             &mut headers,
             &peer.text,

@@ -5,3 +5,4 @@ pub mod hop_by_hop;
 pub mod host;
 pub mod ratelimit;
 pub mod request_id;
+pub mod underscore;
