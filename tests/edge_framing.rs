@@ -608,6 +608,25 @@ async fn h2_path_with_raw_bytes_is_400() {
     assert_eq!(settled_hits(&up), 1);
 }
 
+/// RFC 9113 §8.3.1: an HTTP/2 request whose `Host` names another host than its
+/// `:authority` is malformed (400): the gateway routes on the authority, and an upstream
+/// behind another proxy might take the `Host`.
+#[tokio::test]
+async fn h2_host_that_differs_from_authority_is_400() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let c: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    let authority = s.addr.to_string();
+    for (host, want) in [("other.example", 400), (authority.as_str(), 200)] {
+        let r = get(&c, &s.url("/h2"), &[("host", host)]).await;
+        assert_eq!(r.status, want, "{host}: {}", r.text());
+    }
+    assert_eq!(settled_hits(&up), 1);
+}
+
 // ---------------------------------------------------------------------------------------
 // Request-target forms.
 // ---------------------------------------------------------------------------------------

@@ -13,7 +13,8 @@
 //!   gets the target's.
 //!
 //! An absolute-form target's authority (HTTP/2's `:authority` arrives the same way) is the
-//! host, whatever `Host` says (RFC 9112 §3.2.2).
+//! host, whatever `Host` says (RFC 9112 §3.2.2); on HTTP/2 a `Host` beside `:authority` must
+//! name the same host (RFC 9113 §8.3.1).
 
 use http::header::{HeaderMap, HeaderValue, HOST};
 use http::{Uri, Version};
@@ -28,6 +29,8 @@ pub enum HostError {
     Userinfo,
     #[error("an HTTP/1.1 or HTTP/2 request needs a `Host`")]
     Missing,
+    #[error("`Host` names another host than `:authority`")]
+    Mismatch,
 }
 
 /// The request's host, or why it has none the gateway can trust (`None`: an HTTP/1.0
@@ -50,6 +53,15 @@ pub fn of(
             return Err(HostError::Userinfo);
         }
         check(a.as_str().as_bytes())?;
+        // RFC 9113 §8.3.1: an HTTP/2 request whose `Host` differs from its `:authority`
+        // SHOULD be treated as malformed (HTTP/1.1's absolute form MUST ignore `Host`
+        // instead, RFC 9112 §3.2.2). Compared as the same host would be matched: without
+        // case.
+        if version == Version::HTTP_2
+            && field.is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()))
+        {
+            return Err(HostError::Mismatch);
+        }
         return HeaderValue::from_str(a.as_str())
             .map(Some)
             .map_err(|_| HostError::Invalid);
@@ -219,6 +231,27 @@ mod tests {
             h11("http://b.example./x", &[]),
             Ok(Some("b.example.".into()))
         );
+    }
+
+    /// RFC 9113 §8.3.1: "A server SHOULD treat a request as malformed if it contains a Host
+    /// header field that identifies an entity that differs from the entity in the
+    /// `:authority` pseudo-header field."
+    #[test]
+    fn on_http_2_host_and_authority_agree() {
+        let h2 = |target, hosts| host(Version::HTTP_2, target, hosts);
+        assert_eq!(
+            h2("http://a.example/x", &["b.example"]),
+            Err(HostError::Mismatch)
+        );
+        assert_eq!(
+            h2("http://a.example/x", &["a.example:8080"]),
+            Err(HostError::Mismatch)
+        );
+        assert_eq!(
+            h2("http://a.example/x", &["A.Example"]),
+            Ok(Some("a.example".into()))
+        );
+        assert_eq!(h2("http://a.example/x", &[]), Ok(Some("a.example".into())));
     }
 
     #[test]
