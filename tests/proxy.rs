@@ -611,3 +611,50 @@ async fn messages_around_the_gather_limit_arrive_intact() {
         );
     }
 }
+
+/// SPEC §1: `sluice` with no subcommand serves as `sluice run`, and `--log-format human`
+/// writes human lines where JSON would go by default (stderr is not a terminal here). SIGINT
+/// drains like SIGTERM, and past `drain_timeout` a request still running is cut: logged as
+/// 499 (the client never got an answer), and the process exits 0.
+#[tokio::test]
+async fn bare_sluice_serves_and_sigint_drains_to_the_deadline() {
+    let up = Upstream::start();
+    let yaml = format!(
+        "drain_timeout: 1s\nupstreams: {{ up: {{ targets: [{}], timeout: 30s }} }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: up }}\n",
+        up.url()
+    );
+    let mut s = Sluice::start_args(&yaml, &["--log-format", "human"]);
+    let r = get(&client(), &s.url("/x"), &[]).await;
+    assert_eq!(r.status, 200);
+    let url = s.url("/slow?ms=10000");
+    let inflight = tokio::spawn(async move {
+        let c = client();
+        let req = c.get(url.parse().unwrap());
+        tokio::time::timeout(Duration::from_secs(20), req).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (st, s) = tokio::task::spawn_blocking(move || (s.stop_with("INT"), s))
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(st.success(), "exit status {st}: {}", s.log());
+    assert!(took < Duration::from_secs(8), "{took:?}: {}", s.log());
+    let cut = inflight.await.unwrap().expect("not left hanging");
+    assert!(cut.is_err(), "the slow request was answered: {cut:?}");
+    let log = s.log();
+    let access: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("sluice::access"))
+        .collect();
+    assert_eq!(access.len(), 2, "{log}");
+    assert!(
+        access.iter().all(|l| !l.trim_start().starts_with('{')),
+        "human lines, not JSON: {access:?}"
+    );
+    assert!(
+        access[1].contains("499") && access[1].contains("/slow"),
+        "{access:?}"
+    );
+    assert!(log.contains("drain"), "{log}");
+}

@@ -97,6 +97,8 @@ pub struct Sluice {
     yaml: String,
     env: Vec<(String, String)>,
     admin_ip: String,
+    /// The arguments before `-c FILE` (`run` unless started otherwise).
+    args: Vec<String>,
 }
 
 pub fn sluice_bin() -> &'static str {
@@ -123,6 +125,16 @@ impl Sluice {
         s
     }
 
+    /// Like [`Sluice::start`], with `args` in place of `run` before `-c FILE` (`[]`: the
+    /// bare command, which serves as `run` does).
+    pub fn start_args(yaml: &str, args: &[&str]) -> Sluice {
+        let mut s = Sluice::prepare(yaml, &[], "127.0.0.1");
+        s.args = args.iter().map(|a| a.to_string()).collect();
+        s.spawn();
+        s.wait_ready();
+        s
+    }
+
     /// Start several gateways at the same moment (all spawned before any is waited for);
     /// each is returned once both its ports accept, and not a moment later.
     pub fn start_together(yamls: &[String]) -> Vec<Sluice> {
@@ -138,6 +150,13 @@ impl Sluice {
 
     /// Write the config and spawn the process, without waiting for it.
     fn launch(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
+        let mut s = Sluice::prepare(yaml, env, admin_ip);
+        s.spawn();
+        s
+    }
+
+    /// Write the config on free ports; nothing spawned yet.
+    fn prepare(yaml: &str, env: &[(&str, &str)], admin_ip: &str) -> Sluice {
         let dir = tempfile::tempdir().unwrap();
         let mut s = Sluice {
             child: None,
@@ -153,9 +172,9 @@ impl Sluice {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             admin_ip: admin_ip.to_string(),
+            args: vec!["run".into()],
         };
         s.pick_ports();
-        s.spawn();
         s
     }
 
@@ -173,7 +192,7 @@ impl Sluice {
     fn spawn(&mut self) {
         let log = std::fs::File::create(&self.log_path).unwrap();
         let mut cmd = Command::new(sluice_bin());
-        cmd.arg("run")
+        cmd.args(&self.args)
             .arg("-c")
             .arg(&self.config_path)
             .stdin(Stdio::null())
@@ -303,9 +322,14 @@ impl Sluice {
 
     /// SIGTERM and wait for the exit status (panics after 40 s).
     pub fn stop(&mut self) -> std::process::ExitStatus {
+        self.stop_with("TERM")
+    }
+
+    /// Send `sig` and wait for the exit status (panics after 40 s).
+    pub fn stop_with(&mut self, sig: &str) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
         let _ = Command::new("kill")
-            .arg("-TERM")
+            .arg(format!("-{sig}"))
             .arg(child.id().to_string())
             .status();
         let deadline = Instant::now() + Duration::from_secs(40);
@@ -315,7 +339,7 @@ impl Sluice {
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
-                panic!("sluice did not exit after SIGTERM");
+                panic!("sluice did not exit after SIG{sig}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
