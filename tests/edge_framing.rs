@@ -537,16 +537,20 @@ async fn multi_megabyte_bodies_still_stream() {
     assert_eq!(r.body.len(), N);
 }
 
+/// A client that speaks HTTP/2 only (prior knowledge, over cleartext).
+fn h2_client() -> HttpClient {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http()
+}
+
 /// HTTP/2 header blocks get the same 64 KiB (h2's own default is 16 KiB): 60 KB passes,
 /// 70 KB does not reach the upstream.
 #[tokio::test]
 async fn h2_header_list_limit_is_64k() {
     let up = Upstream::start();
     let s = gateway(&up);
-    let c: HttpClient =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .http2_only(true)
-            .build_http();
+    let c = h2_client();
     let ok = "a".repeat(60_000);
     let r = get(&c, &s.url("/h2"), &[("x-big", ok.as_str())]).await;
     assert_eq!(r.status, 200, "{}", s.log());
@@ -579,10 +583,7 @@ async fn h2_header_list_limit_is_64k() {
 async fn h2_path_with_raw_bytes_is_400() {
     let up = Upstream::start();
     let s = gateway(&up);
-    let c: HttpClient =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .http2_only(true)
-            .build_http();
+    let c = h2_client();
     let uri: http::Uri = s
         .url("/d\u{e9}ny")
         .parse()
@@ -615,10 +616,7 @@ async fn h2_path_with_raw_bytes_is_400() {
 async fn h2_host_that_differs_from_authority_is_400() {
     let up = Upstream::start();
     let s = gateway(&up);
-    let c: HttpClient =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .http2_only(true)
-            .build_http();
+    let c = h2_client();
     let authority = s.addr.to_string();
     for (host, want) in [("other.example", 400), (authority.as_str(), 200)] {
         let r = get(&c, &s.url("/h2"), &[("host", host)]).await;

@@ -417,13 +417,20 @@ mod tests {
         }
     }
 
+    /// The API key `s` reads from headers `h` and query `q`, owned.
+    fn api_key(
+        s: &IdentitySources,
+        h: &[(&str, &str)],
+        q: Option<&str>,
+    ) -> Result<Option<String>, Ambiguous> {
+        s.api_key(&super::tests::h(h), q)
+            .map(|k| k.map(Cow::into_owned))
+    }
+
     #[test]
     fn api_key_header_then_query() {
         let s = sources();
-        let key = |h: &[(&str, &str)], q: Option<&str>| {
-            s.api_key(&super::tests::h(h), q)
-                .map(|k| k.map(Cow::into_owned))
-        };
+        let key = |h: &[(&str, &str)], q: Option<&str>| api_key(&s, h, q);
         assert_eq!(key(&[("x-api-key", "k1")], None), Ok(Some("k1".into())));
         assert_eq!(
             key(&[("x-api-key", "k1")], Some("api_key=k1&a=2")),
@@ -441,10 +448,7 @@ mod tests {
     #[test]
     fn an_api_key_or_user_given_twice_is_ambiguous() {
         let s = sources();
-        let key = |h: &[(&str, &str)], q: Option<&str>| {
-            s.api_key(&super::tests::h(h), q)
-                .map(|k| k.map(Cow::into_owned))
-        };
+        let key = |h: &[(&str, &str)], q: Option<&str>| api_key(&s, h, q);
         let header = || Ambiguous::Header(HeaderName::from_static("x-api-key"));
         assert_eq!(
             key(&[("x-api-key", "a"), ("x-api-key", "b")], None),
