@@ -206,10 +206,12 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
             .or(m.path_prefix.as_deref().map(|p| format!("prefix {p}")))
             .or(m.path_regex.as_deref().map(|p| format!("regex {p}")))
             .unwrap_or_default();
-        let methods = m
+        // As compiled (`GET` brings `HEAD`), not as written.
+        let methods = r
+            .matcher
             .methods
             .as_ref()
-            .map(|ms| ms.join(",") + " ")
+            .map(|ms| ms.iter().map(|m| m.as_str()).collect::<Vec<_>>().join(",") + " ")
             .unwrap_or_default();
         let _ = writeln!(s, "  {:<20} {methods}{path} -> {}", r.name, fr.upstream);
         for l in &fr.limits {

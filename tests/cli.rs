@@ -53,6 +53,12 @@ fn valid_config_prints_summary_and_exits_0() {
     assert!(out.contains("per-ip"), "{out}");
     assert!(out.contains("sliding_log 5/1m"), "{out}");
     assert!(out.contains("store memory"), "{out}");
+    assert!(out.contains("POST path /auth/login"), "{out}");
+
+    // The methods as matched: `GET` brings `HEAD`.
+    let (code, out, err, _) = check(&OK.replace("[POST]", "[get]"));
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("GET,HEAD path /auth/login"), "{out}");
 }
 
 #[test]

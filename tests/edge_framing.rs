@@ -576,9 +576,9 @@ async fn h2_header_list_limit_is_64k() {
     assert_eq!(settled_hits(&up), 1);
 }
 
-/// HTTP/2's `:path` can carry bytes HTTP/1.1's request line cannot (raw UTF-8 here, which
-/// HTTP/1.1 answers 400 for): refused the same way, not forwarded into an HTTP/1.1 request
-/// line (RFC 3986 §3.3, RFC 9112 §3.2), nor matched beside the percent-encoded spelling.
+/// A path with raw bytes (UTF-8 here) is 400 over HTTP/2 and HTTP/1.1 alike (both parsers let
+/// them through): not forwarded into the upstream's request line (RFC 3986 §3.3, RFC 9112
+/// §3.2), nor matched beside the percent-encoded spelling.
 #[tokio::test]
 async fn h2_path_with_raw_bytes_is_400() {
     let up = Upstream::start();

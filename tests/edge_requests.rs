@@ -456,6 +456,7 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
         // RFC 9110 §8.6: a list of one length repeated may be taken as that length, and a
         // proxy then sends the one value; differing lengths frame nothing.
         ("cl-list", "HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok", 200),
+        ("cl-list-tight", "HTTP/1.1 200 OK\r\nContent-Length: 2,2\r\n\r\nok", 200),
         (
             "cl-twice",
             "HTTP/1.1 200 OK\r\nContent-Length: 2\r\ncontent-length: 2\r\n\r\nok",

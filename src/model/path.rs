@@ -59,9 +59,10 @@ pub enum PathError {
     BadEscape,
     #[error("the request target is not an absolute path")]
     NotAbsolute,
-    /// A byte RFC 3986 §3.3 does not allow unescaped (a control, a space, anything not ASCII):
-    /// HTTP/1.1's parser refuses these in the request line, but an HTTP/2 `:path` can carry
-    /// them, and forwarded they would make an HTTP/1.1 request line no upstream should parse.
+    /// A byte RFC 3986 §3.3 does not allow unescaped (a control, a space, anything not ASCII).
+    /// HTTP/1.1's parser lets bytes above 0x7F through and an HTTP/2 `:path` can carry any,
+    /// and forwarded they would make an upstream request line RFC 9112 §3.2 does not allow,
+    /// which upstreams read in different ways.
     #[error("the path contains a byte that must be percent-encoded")]
     RawByte,
 }

@@ -64,7 +64,12 @@ impl Matcher {
                 .host
                 .as_ref()
                 .is_none_or(|h| host.is_some_and(|host| host_matches(h, host)))
-            && self.headers.iter().all(|(n, v)| headers.get(n) == Some(v))
+            // Any line of the field: with `X-Env: staging` and `X-Env: prod` on one request,
+            // an upstream may act on either, so the route (and the limit) for `prod` applies.
+            && self
+                .headers
+                .iter()
+                .all(|(n, v)| headers.get_all(n).iter().any(|have| have == v))
     }
 
     /// The path to send upstream when `strip_prefix` is set: the matched prefix removed, and
@@ -86,8 +91,7 @@ impl Matcher {
 /// without the root's trailing dot: `api.example.com.` is the same name (as nginx's
 /// `server_name` matching has it), and would otherwise miss the route that limits it.
 fn host_matches(m: &HostMatch, host: &str) -> bool {
-    let host = strip_port(host);
-    let host = host.strip_suffix('.').unwrap_or(host);
+    let host = host_name(host);
     match m {
         HostMatch::Exact(h) => host.eq_ignore_ascii_case(h),
         HostMatch::Wildcard(suffix) => {
@@ -96,6 +100,13 @@ fn host_matches(m: &HostMatch, host: &str) -> bool {
                     .eq_ignore_ascii_case(suffix.as_bytes())
         }
     }
+}
+
+/// The name a `host[:port]` is matched by: without its port and the root's trailing dot
+/// (compare it without case).
+pub fn host_name(host: &str) -> &str {
+    let host = strip_port(host);
+    host.strip_suffix('.').unwrap_or(host)
 }
 
 fn strip_port(host: &str) -> &str {
@@ -153,6 +164,21 @@ mod tests {
         let r = m(PathMatch::Regex(Regex::new("^(?:/users/[0-9]+)$").unwrap()));
         assert!(r.matches(&Method::GET, "/users/42", None, &h));
         assert!(!r.matches(&Method::GET, "/users/42/x", None, &h));
+    }
+
+    /// A field on several lines matches when any line does: an upstream may act on either.
+    #[test]
+    fn a_header_on_several_lines_matches_by_any_of_them() {
+        let mut x = m(PathMatch::Prefix("/".into()));
+        x.headers = vec![(
+            HeaderName::from_static("x-env"),
+            HeaderValue::from_static("prod"),
+        )];
+        let mut h = HeaderMap::new();
+        h.append("x-env", HeaderValue::from_static("staging"));
+        assert!(!x.matches(&Method::GET, "/", None, &h));
+        h.append("x-env", HeaderValue::from_static("prod"));
+        assert!(x.matches(&Method::GET, "/", None, &h));
     }
 
     #[test]

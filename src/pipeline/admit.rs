@@ -19,7 +19,7 @@ use crate::model::outcome::Outcome;
 use crate::model::policy::{OnError, OnMissing};
 use crate::model::route::Route;
 use crate::pipeline::headers::ratelimit::retry_after_secs;
-use crate::pipeline::identify::Identity;
+use crate::pipeline::identify::{one_field, Identity};
 use crate::pipeline::respond::{GatewayError, Refusal};
 
 /// The per-limit label of `sluice_limit_decisions_total`.
@@ -127,7 +127,9 @@ pub fn identity_material(
 fn cost(rule: &LimitRule, headers: &HeaderMap) -> Result<u64, GatewayError> {
     match &rule.cost {
         Cost::Static(c) => Ok(*c),
-        Cost::Header { name, default, max } => match headers.get(name) {
+        // Given twice, the gateway would charge one value while the upstream may act on the
+        // other.
+        Cost::Header { name, default, max } => match one_field(headers, name)? {
             None => Ok(*default),
             Some(v) => v
                 .to_str()
@@ -200,7 +202,8 @@ pub fn plan<'a>(
                 which.push(i);
             }
             Ok(None) => {}
-            Err(e) if rule.shadow => {
+            // An identity given twice is a malformed request, shadow limit or not.
+            Err(e) if rule.shadow && !matches!(e, GatewayError::AmbiguousIdentity(_)) => {
                 tracing::info!(route = %route.name, limit = %rule.name, refusal = %e.status(), "shadow limit would have refused this request");
                 shadowed.push(i);
             }

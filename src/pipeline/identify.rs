@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use base64::Engine;
 use hmac::{Hmac, Mac};
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
 use crate::model::identity::{ClientIpRules, IdentitySources, IpText, JwtSource};
@@ -135,10 +135,20 @@ impl IdentitySources {
 /// The one value of a query parameter, decoded; empty counts as missing. Two of them, even
 /// an empty one beside a value, are [`Ambiguous::Query`].
 fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
+    let escaped = |s: &str| s.contains(['%', '+']);
+    // Most queries cannot name it at all: one scan, nothing decoded or allocated.
+    if !query.contains(name) && !escaped(query) {
+        return Ok(None);
+    }
     let mut found: Option<String> = None;
     for pair in query.split('&') {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        if percent_decode(k) == name {
+        let named = if escaped(k) {
+            percent_decode(k) == name
+        } else {
+            k == name
+        };
+        if named {
             if found.is_some() {
                 return Err(Ambiguous::Query(name.to_owned()));
             }
@@ -154,14 +164,22 @@ pub fn one_header<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'h str>, Ambiguous> {
+    Ok(one_field(headers, name)?
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty()))
+}
+
+/// A field's one line, as sent; more than one is [`Ambiguous::Header`].
+pub fn one_field<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h HeaderValue>, Ambiguous> {
     let mut all = headers.get_all(name).iter();
-    let Some(v) = all.next() else {
-        return Ok(None);
-    };
-    if all.next().is_some() {
-        return Err(Ambiguous::Header(name.clone()));
+    match (all.next(), all.next()) {
+        (Some(_), Some(_)) => Err(Ambiguous::Header(name.clone())),
+        (v, _) => Ok(v),
     }
-    Ok(v.to_str().ok().map(str::trim).filter(|v| !v.is_empty()))
 }
 
 /// `application/x-www-form-urlencoded` decoding: `+` is a space, bad escapes stay as they are.

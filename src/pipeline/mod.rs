@@ -40,7 +40,7 @@ use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
 use headers::request_id::X_REQUEST_ID;
-use headers::{forwarded, hop_by_hop, host, ratelimit, underscore};
+use headers::{forwarded, hop_by_hop, host, ratelimit};
 use identify::Identity;
 use live::Live;
 use respond::{GatewayError, Refusal};
@@ -376,8 +376,7 @@ impl Gateway {
 
         // The head's headers are not read after this phase: move them, don't copy them.
         let mut headers = std::mem::take(&mut parts.headers);
-        hop_by_hop::strip(&mut headers, upgrade);
-        underscore::strip(&mut headers);
+        hop_by_hop::strip_request(&mut headers, upgrade);
         forwarded::apply(
             &mut headers,
             &peer.text,
@@ -440,7 +439,7 @@ impl Gateway {
             }
             (false, _) => {
                 answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?;
-                one_content_length(res.headers_mut());
+                one_content_length(res.headers_mut()).map_err(ForwardError::BadAnswer)?;
             }
         }
         hop_by_hop::strip(res.headers_mut(), switching);
@@ -597,25 +596,33 @@ fn answer_framing(headers: &http::HeaderMap) -> Result<(), &'static str> {
 
 /// An upstream `Content-Length` of one length repeated (`2, 2`, or two fields of `2`) goes to
 /// the client as that one length (RFC 9110 §8.6: a recipient may take the list as the length,
-/// and a proxy then forwards the single value). hyper framed the body by it, and has already
-/// refused lists that disagree; a client that refuses the list itself would lose the answer.
-/// One lookup when the field is the usual single number.
-fn one_content_length(headers: &mut http::HeaderMap) {
+/// and a proxy then forwards the single value); one that is not a number, or a list that
+/// disagrees, is refused (502, as nginx). hyper refuses those itself where it frames the body
+/// by them, but not on answers without a body (HEAD, 204, 304), where a client would still
+/// read the field. One lookup when the field is the usual single number.
+fn one_content_length(headers: &mut http::HeaderMap) -> Result<(), &'static str> {
     use http::header::CONTENT_LENGTH;
     let mut all = headers.get_all(CONTENT_LENGTH).iter();
-    let Some(first) = all.next() else { return };
-    if all.next().is_none() && first.as_bytes().iter().all(u8::is_ascii_digit) {
-        return;
+    let Some(first) = all.next() else {
+        return Ok(());
+    };
+    let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
+    if all.next().is_none() && digits(first.as_bytes()) {
+        return Ok(());
     }
-    let one = first
-        .as_bytes()
-        .split(|&b| b == b',')
-        .next()
-        .map(<[u8]>::trim_ascii)
-        .and_then(|n| http::HeaderValue::from_bytes(n).ok());
-    if let Some(one) = one {
-        headers.insert(CONTENT_LENGTH, one);
+    let mut one: Option<&[u8]> = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        for n in v.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+            if !digits(n) || one.is_some_and(|o| o != n) {
+                return Err("a Content-Length that is not one number");
+            }
+            one = Some(n);
+        }
     }
+    let one = one.and_then(|n| http::HeaderValue::from_bytes(n).ok());
+    let one = one.ok_or("a Content-Length that is not one number")?;
+    headers.insert(CONTENT_LENGTH, one);
+    Ok(())
 }
 
 #[cfg(test)]

@@ -213,6 +213,14 @@ async fn a_missing_identity_or_bad_cost_is_answered_before_any_store_call() {
     h.insert("x-cost", "4".parse().unwrap());
     let r = admit(&l, &store_down(), &local(), &h).await;
     assert_eq!(r.unwrap_err().status(), StatusCode::BAD_REQUEST);
+
+    // A cost given twice: charged one way, acted on the other.
+    let mut h = HeaderMap::new();
+    h.append("x-cost", "1".parse().unwrap());
+    h.append("x-cost", "3".parse().unwrap());
+    let r = admit(&l, &store_down(), &local(), &h).await;
+    assert_eq!(outcome(&r), Outcome::RejectedIdentity);
+    assert_eq!(r.unwrap_err().status(), StatusCode::BAD_REQUEST);
 }
 
 /// SPEC §2 `shadow: true`: "never reject", also where an enforced limit would answer before
@@ -255,6 +263,12 @@ async fn a_shadow_limit_never_refuses_for_a_missing_identity_or_a_bad_cost() {
         .unwrap();
     assert!(matches!(verdict, Verdict::Pass(Outcome::ShadowLimited)));
     assert!(adm.store.is_none(), "{:?}", adm.store);
+    // But a key given twice is a malformed request, whatever limit reads it.
+    let mut twice = HeaderMap::new();
+    twice.append("x-api-key", "a".parse().unwrap());
+    twice.append("x-api-key", "b".parse().unwrap());
+    let r = admit(&l, &store_down(), &local, &twice).await;
+    assert_eq!(r.unwrap_err().status(), StatusCode::BAD_REQUEST);
 
     // With an enforced limit whose store call fails under `allow`: shadow_limited outranks
     // store_error_allowed.
@@ -371,4 +385,40 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     assert_eq!(res.headers()[X_REQUEST_ID], "rid-1");
     assert_eq!(res.headers()["ratelimit"], "\"r/per-ip\";r=4;t=60");
     assert_eq!(res.headers()["ratelimit-policy"], "\"r/per-ip\";q=5;w=60");
+}
+
+/// RFC 9110 §8.6 on the answer's way out: one length repeated becomes that length; a list that
+/// disagrees or is not numbers is refused, also where hyper did not frame a body by it (a
+/// HEAD, 204 or 304 answer).
+#[test]
+fn an_answer_content_length_goes_out_as_one_number_or_not_at_all() {
+    let cl = |values: &[&str]| {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(http::header::CONTENT_LENGTH, v.parse().unwrap());
+        }
+        one_content_length(&mut h).map(|()| {
+            let all: Vec<String> = h
+                .get_all(http::header::CONTENT_LENGTH)
+                .iter()
+                .map(|v| v.to_str().unwrap().to_owned())
+                .collect();
+            all.join("|")
+        })
+    };
+    assert_eq!(cl(&[]), Ok(String::new()));
+    assert_eq!(cl(&["12"]), Ok("12".into()));
+    for same in [&["2, 2"][..], &["2,2"], &["2", "2"], &[" 2 ,2", "2"]] {
+        assert_eq!(cl(same), Ok("2".into()), "{same:?}");
+    }
+    for bad in [
+        &["5, 7"][..],
+        &["5", "7"],
+        &["5,"],
+        &["x"],
+        &["-1"],
+        &["", "5"],
+    ] {
+        assert!(cl(bad).is_err(), "{bad:?}");
+    }
 }

@@ -5,6 +5,8 @@
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::underscore;
+
 /// The fields that are hop-by-hop whatever `Connection` says (RFC 9110 §7.6.1, and the
 /// de-facto `Keep-Alive` and `Proxy-Connection`), indexed as [`fixed`] numbers them.
 static FIXED: [HeaderName; 9] = [
@@ -64,7 +66,8 @@ fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|s| !s.is_empty())
 }
 
-/// Remove hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send `Connection: upgrade`.
+/// Remove an answer's hop-by-hop fields; with `keep_upgrade`, keep `Upgrade` and send
+/// `Connection: upgrade`.
 ///
 /// The fixed ones by one pass over the head's distinct names, noting which are present, then
 /// removing only those (removing each of the nine by name would hash every one of them, twice
@@ -72,22 +75,45 @@ fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
 /// each name it lists is removed by one lookup (any case), so a hostile head listing
 /// thousands costs one pass over them, not a comparison per name and field.
 pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
+    strip_as(headers, keep_upgrade, Side::Answer);
+}
+
+/// [`strip`] for a request whose listed fields [`strip_listed`] already removed (its
+/// `Connection` is not read again), and, in the same pass over the names, the fields
+/// [`underscore`] keeps from the upstream.
+pub fn strip_request(headers: &mut HeaderMap, keep_upgrade: bool) {
+    strip_as(headers, keep_upgrade, Side::Request);
+}
+
+#[derive(PartialEq, Eq)]
+enum Side {
+    Request,
+    Answer,
+}
+
+fn strip_as(headers: &mut HeaderMap, keep_upgrade: bool, side: Side) {
     let mut present = 0u16;
+    let mut underscored = false;
     for k in headers.keys() {
         if let Some(i) = fixed(k) {
             present |= 1 << i;
+        } else if side == Side::Request && underscore::is_underscored(k) {
+            underscored = true;
         }
     }
     if keep_upgrade {
         present &= !UPGRADE_BIT;
     }
-    if present & CONNECTION_BIT != 0 {
+    if present & CONNECTION_BIT != 0 && side == Side::Answer {
         remove_listed(headers);
     }
     for (i, name) in FIXED.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(name);
         }
+    }
+    if underscored {
+        underscore::strip(headers);
     }
     if keep_upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -167,6 +193,31 @@ mod tests {
             let name = HeaderName::from_bytes(other.as_bytes()).unwrap();
             assert_eq!(fixed(&name), None, "{other}");
         }
+    }
+
+    /// A request after `strip_listed`: the fixed list and the underscored names go in the same
+    /// pass; an answer keeps its underscored names.
+    #[test]
+    fn strip_request_also_drops_underscored_names() {
+        let pairs = [
+            ("connection", "close, x-gone"),
+            ("te", "trailers"),
+            ("x_api_key", "real"),
+            ("x-api-key", "fresh"),
+            ("accept", "*/*"),
+        ];
+        let mut req = map(&pairs);
+        strip_listed(&mut req);
+        strip_request(&mut req, false);
+        let mut left: Vec<&str> = req.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "x-api-key"]);
+
+        let mut answer = map(&pairs);
+        strip(&mut answer, false);
+        let mut left: Vec<&str> = answer.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["accept", "x-api-key", "x_api_key"]);
     }
 
     /// RFC 9110 §7.6.1: what `Connection` lists goes before routing; the fixed list, the

@@ -19,6 +19,8 @@
 use http::header::{HeaderMap, HeaderValue, HOST};
 use http::{Uri, Version};
 
+use crate::model::route::host_name;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
     #[error("more than one `Host` field")]
@@ -53,14 +55,19 @@ pub fn of(
             return Err(HostError::Userinfo);
         }
         check(a.as_str().as_bytes())?;
-        // RFC 9113 §8.3.1: an HTTP/2 request whose `Host` differs from its `:authority`
-        // SHOULD be treated as malformed (HTTP/1.1's absolute form MUST ignore `Host`
-        // instead, RFC 9112 §3.2.2). Compared as the same host would be matched: without
-        // case.
-        if version == Version::HTTP_2
-            && field.is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(a.as_str().as_bytes()))
-        {
-            return Err(HostError::Mismatch);
+        // RFC 9113 §8.3.1: an HTTP/2 request whose `Host` names another host than its
+        // `:authority` SHOULD be treated as malformed (HTTP/1.1's absolute form MUST ignore
+        // `Host` instead, RFC 9112 §3.2.2). Compared as `match.host` compares: the name,
+        // without port, case or the root's trailing dot.
+        if version == Version::HTTP_2 {
+            fn name(v: &[u8]) -> &str {
+                std::str::from_utf8(v).map(host_name).unwrap_or_default()
+            }
+            if let Some(v) = field {
+                if !name(v.as_bytes()).eq_ignore_ascii_case(name(a.as_str().as_bytes())) {
+                    return Err(HostError::Mismatch);
+                }
+            }
         }
         return HeaderValue::from_str(a.as_str())
             .map(Some)
@@ -106,9 +113,11 @@ fn check(v: &[u8]) -> Result<(), HostError> {
     match host {
         None => Ok(()),
         Some(h) if h.contains(&b'@') => Err(HostError::Userinfo),
-        // An empty label (`api.example.com..`, `a..b`) names no host; it would miss
-        // `match.host` while a resolver-minded upstream trims it. nginx answers 400 too.
-        Some(h) if h.windows(2).any(|w| w == b"..") => Err(HostError::Invalid),
+        // An empty label (`api.example.com..`, `a..b`, `.a`) names no host; it would miss
+        // `match.host` while a resolver-minded upstream trims it. nginx answers 400 to `..`.
+        Some(h) if h.first() == Some(&b'.') || h.windows(2).any(|w| w == b"..") => {
+            Err(HostError::Invalid)
+        }
         Some(h) if !h.is_empty() && h.iter().all(|&b| reg_name(b)) => Ok(()),
         Some(_) => Err(HostError::Invalid),
     }
@@ -190,6 +199,8 @@ mod tests {
             "a..example",
             "..",
             "a.example..:80",
+            ".a.example",
+            ".",
         ] {
             assert_eq!(h11("/x", &[v]), Err(HostError::Invalid), "{v:?}");
         }
@@ -238,19 +249,30 @@ mod tests {
     /// `:authority` pseudo-header field."
     #[test]
     fn on_http_2_host_and_authority_agree() {
-        let h2 = |target, hosts| host(Version::HTTP_2, target, hosts);
+        fn h2(target: &str, hosts: &[&str]) -> Result<Option<String>, HostError> {
+            host(Version::HTTP_2, target, hosts)
+        }
         assert_eq!(
             h2("http://a.example/x", &["b.example"]),
             Err(HostError::Mismatch)
         );
         assert_eq!(
-            h2("http://a.example/x", &["a.example:8080"]),
+            h2("http://a.example/x", &["a.example.com"]),
             Err(HostError::Mismatch)
         );
-        assert_eq!(
-            h2("http://a.example/x", &["A.Example"]),
-            Ok(Some("a.example".into()))
-        );
+        // The same name: another case, a port, the root's trailing dot.
+        for same in [
+            "A.Example",
+            "a.example:443",
+            "a.example.",
+            "a.example.:8443",
+        ] {
+            assert_eq!(
+                h2("http://a.example/x", &[same]),
+                Ok(Some("a.example".into())),
+                "{same}"
+            );
+        }
         assert_eq!(h2("http://a.example/x", &[]), Ok(Some("a.example".into())));
     }
 

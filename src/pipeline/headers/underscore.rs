@@ -9,14 +9,20 @@
 //! and the gateway itself still reads them (a limit may be keyed by one); only the upstream
 //! does not get them.
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
-/// Remove every field whose name contains `_`. One pass over the distinct names; nothing is
-/// allocated unless one is found.
+/// A name the upstream does not get.
+pub fn is_underscored(name: &HeaderName) -> bool {
+    name.as_str().contains('_')
+}
+
+/// Remove every field whose name contains `_` (the request's
+/// [`strip_request`](super::hop_by_hop::strip_request) calls this only once its pass over the
+/// names found one).
 pub fn strip(headers: &mut HeaderMap) {
     let found: Vec<_> = headers
         .keys()
-        .filter(|k| k.as_str().contains('_'))
+        .filter(|k| is_underscored(k))
         .cloned()
         .collect();
     for name in found {
@@ -41,7 +47,7 @@ mod tests {
             ("x-forwarded-for", "1.2.3.4"),
         ] {
             h.append(
-                http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
                 HeaderValue::from_static(v),
             );
         }
