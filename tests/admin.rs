@@ -250,12 +250,26 @@ async fn settings_that_need_a_restart_show_their_running_values() {
     let up = Upstream::start();
     let s = Sluice::start(&plain(&up));
     let c = client();
-    s.replace_config(&format!("drain_timeout: 5s\n{}", plain(&up)));
+    s.replace_config(&format!(
+        "drain_timeout: 5s\nsend_timeout: 5s\n{}",
+        plain(&up)
+    ));
     let r = send(&c, Method::POST, &s.admin_url("/admin/reload"), &[], b"").await;
     assert_eq!(r.status, 200, "{}", r.text());
     let doc = json_of(&c, Method::GET, &s.admin_url("/admin/config"), &[]).await;
     assert_eq!(doc["version"], r.json()["version"]);
     assert_eq!(doc["config"]["drain_timeout"], "30s", "still draining 30s");
+    assert_eq!(
+        doc["config"]["send_timeout"], "60s",
+        "still the running send timeout"
+    );
+    // The kept settings are logged (a log line is written a moment after the reload answers).
+    let log = s.wait_log(&["need a restart"]);
+    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
+    assert!(
+        line.contains("send_timeout") && line.contains("drain_timeout"),
+        "{line}"
+    );
 }
 
 #[tokio::test]

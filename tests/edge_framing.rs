@@ -839,7 +839,10 @@ fn panicking_server(
             }
         },
         |_| {},
-        Duration::from_secs(5),
+        sluice::runtime::server::Timeouts {
+            header: Duration::from_secs(5),
+            send: Duration::from_secs(5),
+        },
         stop_rx,
         Duration::from_secs(1),
         None,

@@ -898,6 +898,7 @@ fn config_doc() -> BoxedStrategy<Y> {
         field("workers", 0.2, num(&["0", "1", "2"])),
         field("drain_timeout", 0.2, val(DURATIONS, BAD_DURATIONS)),
         field("client_header_timeout", 0.1, val(DURATIONS, BAD_DURATIONS)),
+        field("send_timeout", 0.1, val(DURATIONS, BAD_DURATIONS)),
         field("store", 0.3, store()),
         field(
             "client_ip",

@@ -201,6 +201,7 @@ pub fn compile(
     }
     let drain_timeout = c.duration("drain_timeout", &file.drain_timeout);
     let client_header_timeout = c.duration("client_header_timeout", &file.client_header_timeout);
+    let send_timeout = c.duration("send_timeout", &file.send_timeout);
 
     let store = store_settings(&mut c, &file.store);
     let client_ip = client_ip_rules(&mut c, &file.client_ip);
@@ -348,6 +349,7 @@ pub fn compile(
         workers,
         drain_timeout,
         client_header_timeout,
+        send_timeout,
         store,
     };
     let table = Table {

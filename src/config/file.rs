@@ -24,6 +24,8 @@ pub struct File {
     pub drain_timeout: String,
     #[serde(default = "d_header_timeout")]
     pub client_header_timeout: String,
+    #[serde(default = "d_send_timeout")]
+    pub send_timeout: String,
     #[serde(default)]
     pub store: Store,
     #[serde(default)]
@@ -173,6 +175,9 @@ fn d_drain() -> String {
 }
 fn d_header_timeout() -> String {
     "10s".into()
+}
+fn d_send_timeout() -> String {
+    "60s".into()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize, Serialize)]

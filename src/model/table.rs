@@ -25,6 +25,8 @@ pub struct Boot {
     pub workers: usize,
     pub drain_timeout: Duration,
     pub client_header_timeout: Duration,
+    /// How long a client may accept nothing of an answer before it is disconnected.
+    pub send_timeout: Duration,
     pub store: StoreSettings,
 }
 
@@ -46,6 +48,7 @@ impl Boot {
             self.client_header_timeout != next.client_header_timeout,
             "client_header_timeout",
         );
+        check(self.send_timeout != next.send_timeout, "send_timeout");
         check(self.store != next.store, "store");
         v
     }

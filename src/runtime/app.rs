@@ -74,7 +74,11 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
 pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let boot = &loaded.boot;
     let admin_listen = boot.admin_listen;
-    let (drain, header_timeout) = (boot.drain_timeout, boot.client_header_timeout);
+    let drain = boot.drain_timeout;
+    let timeouts = server::Timeouts {
+        header: boot.client_header_timeout,
+        send: boot.send_timeout,
+    };
     let startup_timeout = boot.store.redis.startup_timeout;
     let gw = gateway(loaded, config_path).await;
     // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
@@ -100,7 +104,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         server::Accept::default(),
         move |req, conn: Arc<ConnInfo>| admin::handle(g.clone(), req, conn.peer.addr),
         |_| {},
-        header_timeout,
+        timeouts,
         stop_rx.clone(),
         Duration::from_secs(1),
         None,
@@ -111,7 +115,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     // listeners once those are bound.
     let serving = Serving {
         gw: gw.clone(),
-        header_timeout,
+        timeouts,
         drain,
         stop: stop_rx.clone(),
     };
@@ -238,7 +242,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
 #[derive(Clone)]
 struct Serving {
     gw: Arc<Runtime>,
-    header_timeout: Duration,
+    timeouts: server::Timeouts,
     drain: Duration,
     stop: tokio::sync::watch::Receiver<bool>,
 }
@@ -262,7 +266,7 @@ impl Serving {
                     // slot) then moves a pointer, not the whole request state.
                     move |req, conn| Box::pin(g.clone().handle(req, conn)),
                     move |status| r.refused_head(status),
-                    self.header_timeout,
+                    self.timeouts,
                     self.stop.clone(),
                     self.drain,
                     Some(share),

@@ -7,6 +7,13 @@
 //! idle while no request of it is being handled and no answer body of it is still streaming
 //! (an event stream may send nothing for minutes and is not idle); once idle for the timeout,
 //! its socket reads as closed, and hyper ends the connection.
+//!
+//! The same socket also reads as closed when an answer body has a frame ready that the client
+//! gave no room for and no answer body of the connection has moved for `send_timeout`: an
+//! HTTP/2 client that never sends `WINDOW_UPDATE` would otherwise hold its answers, and the
+//! upstream connections streaming them, for good without ever filling the socket (which
+//! `stall` watches). A connection with one answer still moving is not cut for another that
+//! does not; each holds at most its stream's window.
 
 use std::future::Future;
 use std::io;
@@ -14,7 +21,6 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
@@ -25,6 +31,7 @@ use parking_lot::Mutex;
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
+use super::server::Timeouts;
 use crate::pipeline::body::{Body, BoxError};
 
 /// What a connection is busy with: requests being handled, plus answer bodies streaming.
@@ -32,7 +39,13 @@ pub(super) struct Activity {
     open: AtomicUsize,
     /// When `open` last fell to 0 (or the connection began).
     since: Mutex<Instant>,
-    /// The connection's reader, woken when `open` falls to 0 so that it arms its timer.
+    /// Answer bodies that yielded a frame and have not been asked for the next: waiting for
+    /// the client to make room.
+    waiting: AtomicUsize,
+    /// When an answer body of the connection was last asked for a frame.
+    moved: Mutex<Instant>,
+    /// The connection's reader, woken when `open` falls to 0 or an answer starts waiting, so
+    /// that it arms its timer.
     reader: AtomicWaker,
 }
 
@@ -41,6 +54,8 @@ impl Activity {
         Arc::new(Activity {
             open: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
+            waiting: AtomicUsize::new(0),
+            moved: Mutex::new(Instant::now()),
             reader: AtomicWaker::new(),
         })
     }
@@ -52,9 +67,13 @@ impl Activity {
         Busy(self.clone())
     }
 
-    /// When the connection turns idle past `timeout`: `None` while busy.
-    fn deadline(&self, timeout: Duration) -> Option<Instant> {
-        (self.open.load(Ordering::Acquire) == 0).then(|| *self.since.lock() + timeout)
+    /// When the connection is to read as closed: idle past the header timeout, or stalled
+    /// past the send timeout. `None` while busy and moving.
+    fn deadline(&self, timeouts: Timeouts) -> Option<Instant> {
+        if self.open.load(Ordering::Acquire) == 0 {
+            return Some(*self.since.lock() + timeouts.header);
+        }
+        (self.waiting.load(Ordering::Acquire) > 0).then(|| *self.moved.lock() + timeouts.send)
     }
 }
 
@@ -73,12 +92,21 @@ impl Drop for Busy {
 
 /// The answer, whose body holds the connection busy until it has been sent (or dropped).
 pub(super) fn track(res: Response<Body>, busy: Busy) -> Response<Body> {
-    res.map(|body| Tracked { body, _busy: busy }.boxed())
+    res.map(|body| {
+        Tracked {
+            body,
+            busy,
+            waiting: false,
+        }
+        .boxed()
+    })
 }
 
 struct Tracked {
     body: Body,
-    _busy: Busy,
+    busy: Busy,
+    /// Counted in the connection's `waiting`: a frame went out and the next was not asked.
+    waiting: bool,
 }
 
 impl HttpBody for Tracked {
@@ -89,7 +117,20 @@ impl HttpBody for Tracked {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        let this = &mut *self;
+        let activity = &this.busy.0;
+        if std::mem::take(&mut this.waiting) {
+            activity.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+        *activity.moved.lock() = Instant::now();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) && !this.body.is_end_stream() {
+            this.waiting = true;
+            if activity.waiting.fetch_add(1, Ordering::AcqRel) == 0 {
+                activity.reader.wake();
+            }
+        }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
@@ -101,21 +142,30 @@ impl HttpBody for Tracked {
     }
 }
 
-/// A socket that reads as closed once its connection has been idle for `timeout`.
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.busy.0.waiting.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// A socket that reads as closed once its connection has been idle for the header timeout,
+/// or stalled for the send timeout.
 pub(super) struct IdleIo<IO> {
     inner: IO,
     activity: Arc<Activity>,
-    timeout: Duration,
+    timeouts: Timeouts,
     timer: Pin<Box<Sleep>>,
 }
 
 impl<IO> IdleIo<IO> {
-    pub(super) fn new(inner: IO, activity: Arc<Activity>, timeout: Duration) -> IdleIo<IO> {
-        let timer = Box::pin(tokio::time::sleep(timeout));
+    pub(super) fn new(inner: IO, activity: Arc<Activity>, timeouts: Timeouts) -> IdleIo<IO> {
+        let timer = Box::pin(tokio::time::sleep(timeouts.header));
         IdleIo {
             inner,
             activity,
-            timeout,
+            timeouts,
             timer,
         }
     }
@@ -133,8 +183,9 @@ impl<IO: AsyncRead + Unpin> AsyncRead for IdleIo<IO> {
             return read;
         }
         this.activity.reader.register(cx.waker());
-        match this.activity.deadline(this.timeout) {
-            // Idle: wait for the deadline, then read as closed (nothing was read into `buf`).
+        match this.activity.deadline(this.timeouts) {
+            // Idle or stalled: wait for the deadline, then read as closed (nothing was read
+            // into `buf`).
             Some(deadline) => {
                 if this.timer.deadline() != deadline {
                     this.timer.as_mut().reset(deadline);
@@ -154,14 +205,20 @@ crate::net::writes_through!(IdleIo);
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
     use tokio::io::AsyncReadExt;
 
     const TIMEOUT: Duration = Duration::from_millis(100);
+    /// The header (idle) timeout, and a send timeout twice as long.
+    const TIMEOUTS: Timeouts = Timeouts {
+        header: TIMEOUT,
+        send: Duration::from_millis(200),
+    };
 
     #[tokio::test]
     async fn an_idle_connection_reads_as_closed_after_the_timeout() {
         let (_client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Activity::new(), TIMEOUT);
+        let mut io = IdleIo::new(server, Activity::new(), TIMEOUTS);
         let started = Instant::now();
         let mut buf = [0; 8];
         assert_eq!(io.read(&mut buf).await.unwrap(), 0);
@@ -174,7 +231,7 @@ mod tests {
     async fn a_busy_connection_is_not_idle_and_its_timeout_starts_when_it_is_done() {
         let (_client, server) = tokio::io::duplex(64);
         let a = Activity::new();
-        let mut io = IdleIo::new(server, a.clone(), TIMEOUT);
+        let mut io = IdleIo::new(server, a.clone(), TIMEOUTS);
         let busy = a.begin();
         let started = Instant::now();
         let done = tokio::spawn(async move {
@@ -190,12 +247,55 @@ mod tests {
     #[tokio::test]
     async fn bytes_that_arrive_are_read() {
         let (mut client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Activity::new(), Duration::from_secs(60));
+        let mut io = IdleIo::new(
+            server,
+            Activity::new(),
+            Timeouts {
+                header: Duration::from_secs(60),
+                send: Duration::from_secs(60),
+            },
+        );
         tokio::io::AsyncWriteExt::write_all(&mut client, b"ping")
             .await
             .unwrap();
         let mut buf = [0; 8];
         assert_eq!(io.read(&mut buf).await.unwrap(), 4);
         assert_eq!(&buf[..4], b"ping");
+    }
+
+    /// An answer with a frame out and the next never asked for (an HTTP/2 client that opens
+    /// no window): the connection reads as closed once nothing moved for the send timeout.
+    /// While the answer is still asked for its frames, it is not cut.
+    #[tokio::test]
+    async fn an_answer_the_client_gives_no_room_is_cut_after_the_send_timeout() {
+        let (_client, server) = tokio::io::duplex(64);
+        let a = Activity::new();
+        let mut io = IdleIo::new(server, a.clone(), TIMEOUTS);
+        let chunks = futures_util::stream::iter(
+            (0..1000).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"x")))),
+        );
+        let body: Body = http_body_util::StreamBody::new(chunks).boxed();
+        let mut answer = track(Response::new(body), a.begin()).into_body();
+        let started = Instant::now();
+        // Asked for a frame every 50 ms for 400 ms (twice the send timeout): moving.
+        let mut moving = tokio::spawn(async move {
+            for _ in 0..8 {
+                answer.frame().await.unwrap().unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            answer
+        });
+        let mut buf = [0; 8];
+        tokio::select! {
+            r = io.read(&mut buf) => panic!("cut while moving: {r:?} after {:?}", started.elapsed()),
+            answer = &mut moving => {
+                let _answer = answer.unwrap();
+                // Now never asked again: cut one send timeout after the last frame.
+                let stalled = Instant::now();
+                assert_eq!(io.read(&mut buf).await.unwrap(), 0);
+                let waited = stalled.elapsed();
+                assert!(waited >= Duration::from_millis(140), "{waited:?}");
+            }
+        }
     }
 }

@@ -8,6 +8,7 @@ pub mod proxy_protocol;
 pub mod reload;
 pub mod server;
 pub mod spread;
+mod stall;
 
 use std::path::PathBuf;
 use std::sync::Arc;

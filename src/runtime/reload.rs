@@ -133,6 +133,7 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     new_file
         .client_header_timeout
         .clone_from(&running.client_header_timeout);
+    new_file.send_timeout.clone_from(&running.send_timeout);
     if !restart.is_empty() {
         tracing::warn!(settings = ?restart, "these settings changed but need a restart; the running values are kept");
     }

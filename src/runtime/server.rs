@@ -25,7 +25,7 @@ use tokio_rustls::TlsAcceptor;
 
 use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
-use super::{idle, preface};
+use super::{idle, preface, stall};
 use crate::net::Gather;
 use crate::pipeline::context::ConnInfo;
 
@@ -96,17 +96,27 @@ pub struct Accept {
     pub proxy_protocol: bool,
 }
 
+/// How long a client may take, on every connection of a listener.
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    /// To send a request head (and its first bytes, a PROXY header, a TLS handshake), and
+    /// the longest an idle keep-alive connection is kept.
+    pub header: Duration,
+    /// To accept any of an answer's bytes ([`super::stall`]).
+    pub send: Duration,
+}
+
 /// Serve `listener` with `handler` until `stop` flips, then give in-flight requests up to
-/// `drain` to finish. `header_timeout` cuts off clients that are slow to send a request head
-/// (and bounds the PROXY header and the TLS handshake). With a `share`, this worker takes
-/// part in spreading the listener's connections over the workers (see [`super::spread`]).
+/// `drain` to finish. `timeouts` cut off clients that are slow to send a request head or to
+/// read an answer. With a `share`, this worker takes part in spreading the listener's
+/// connections over the workers (see [`super::spread`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve<H, F, R>(
     listener: TcpListener,
     accept: Accept,
     handler: H,
     refused: R,
-    header_timeout: Duration,
+    timeouts: Timeouts,
     mut stop: watch::Receiver<bool>,
     drain: Duration,
     mut share: Option<Share>,
@@ -120,7 +130,7 @@ pub async fn serve<H, F, R>(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout)
+        .header_read_timeout(timeouts.header)
         .max_buf_size(MAX_REQUEST_HEAD);
     builder
         .http2()
@@ -135,7 +145,7 @@ pub async fn serve<H, F, R>(
             builder: builder.clone(),
             handler: handler.clone(),
             refused: refused.clone(),
-            header_timeout,
+            timeouts,
             graceful: graceful.watcher(),
         };
         if accept.tls.is_none() && !accept.proxy_protocol {
@@ -143,7 +153,7 @@ pub async fn serve<H, F, R>(
             let info = Arc::new(ConnInfo::new(peer, None, false));
             tokio::spawn(counted(open, conn.serve(stream, info)));
         } else {
-            let opened = conn.open(stream, peer, accept.clone(), header_timeout);
+            let opened = conn.open(stream, peer, accept.clone(), timeouts.header);
             tokio::spawn(counted(open, opened));
         }
     };
@@ -230,8 +240,8 @@ struct Connection<H, R> {
     /// handler never sees.
     refused: R,
     /// How long the client may take to send its first bytes (then hyper's own
-    /// `header_read_timeout` takes over for HTTP/1).
-    header_timeout: Duration,
+    /// `header_read_timeout` takes over for HTTP/1), and to accept an answer's bytes.
+    timeouts: Timeouts,
     graceful: Watcher,
 }
 
@@ -282,7 +292,7 @@ where
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let seen = match preface::read(&mut io, self.header_timeout).await {
+        let seen = match preface::read(&mut io, self.timeouts.header).await {
             Ok(seen) => seen,
             Err(e) => {
                 let peer = info.peer.addr;
@@ -291,11 +301,12 @@ where
             }
         };
         let h2 = seen == preface::PREFACE;
-        let io = preface::Rewind::new(seen, io);
+        let io = stall::Stall::new(preface::Rewind::new(seen, io), self.timeouts.send);
         if h2 {
-            // HTTP/2 has no idle timer of its own in hyper: see `idle`.
+            // HTTP/2 has no idle timer of its own in hyper, nor one for a client that opens
+            // no flow-control window for an answer: see `idle`.
             let activity = idle::Activity::new();
-            let io = idle::IdleIo::new(io, activity.clone(), self.header_timeout);
+            let io = idle::IdleIo::new(io, activity.clone(), self.timeouts);
             self.serve_http(io, info, Some(activity)).await
         } else {
             self.serve_http(io, info, None).await

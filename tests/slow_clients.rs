@@ -1,0 +1,90 @@
+//! Clients that stop reading their answer, through the real binary over real sockets: the
+//! gateway disconnects them after `send_timeout` (nginx's `send_timeout`), so that they do not
+//! hold their connection, the upstream connection streaming the answer and its buffers for
+//! good. Over HTTP/1.1 the socket fills; over HTTP/2 the client can also open no flow-control
+//! window, and the socket never fills.
+
+mod support;
+
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// An answer far larger than the socket buffers on both sides.
+const BIG: u64 = 256 << 20;
+
+fn gateway(up: &Upstream) -> Sluice {
+    Sluice::start(&format!(
+        "send_timeout: 1s\nupstreams: {{ up: {{ targets: [{}], timeout: 10s }} }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: up }}\n",
+        up.url()
+    ))
+}
+
+/// HTTP/1.1: the client reads nothing for 3 s (three send timeouts), then everything it can.
+/// It gets what the socket buffers held, then the end of the connection, not the rest.
+#[tokio::test]
+async fn an_http1_client_that_stops_reading_is_disconnected() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(16 * 1024).unwrap();
+    let mut c = sock.connect(s.addr).await.unwrap();
+    c.write_all(
+        format!("GET /download?bytes={BIG} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut got = 0u64;
+    let mut buf = vec![0; 64 * 1024];
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match c.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n as u64,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "still open after {got} bytes");
+    assert!(got > 0, "nothing was sent at all");
+    assert!(got < BIG / 4, "{got} of {BIG} bytes: the stall was not cut");
+}
+
+/// HTTP/2: the client opens a 64 KiB window and never another; the socket stays empty, and
+/// the gateway still ends the connection once nothing moved for the send timeout.
+#[tokio::test]
+async fn an_http2_client_that_opens_no_window_is_disconnected() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let c: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .http2_initial_stream_window_size(65_535)
+            .http2_initial_connection_window_size(65_535)
+            .build_http();
+    let res = c
+        .get(s.url(&format!("/download?bytes={BIG}")).parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut body = res.into_body();
+    let mut got = 0u64;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(f)) => got += f.data_ref().map_or(0, |d| d.len() as u64),
+                Some(Err(e)) => break Err(e),
+                None => break Ok(()),
+            }
+        }
+    })
+    .await;
+    let ended = ended.unwrap_or_else(|_| panic!("still streaming after {got} bytes"));
+    assert!(ended.is_err(), "the whole answer came ({got} bytes)");
+    assert!(got < BIG / 4, "{got} of {BIG} bytes");
+}
