@@ -625,6 +625,27 @@ async fn h2_host_that_differs_from_authority_is_400() {
     assert_eq!(settled_hits(&up), 1);
 }
 
+/// RFC 9113 §8.2.3: an HTTP/2 client may send one `cookie` field per cookie; before an
+/// HTTP/1.1 upstream they MUST be joined with "; " (an upstream reading the first line would
+/// lose the others).
+#[tokio::test]
+async fn h2_split_cookies_reach_the_upstream_as_one_field() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let c = h2_client();
+    let r = get(
+        &c,
+        &s.url("/c"),
+        &[("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["headers"]["cookie"],
+        serde_json::json!(["a=1; b=2; c=3"])
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Request-target forms.
 // ---------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ use admit::Verdict;
 use body::Body;
 use context::{ConnInfo, Ctx};
 use headers::request_id::X_REQUEST_ID;
-use headers::{forwarded, hop_by_hop, host, ratelimit};
+use headers::{content_length, forwarded, h2, hop_by_hop, host, ratelimit};
 use identify::Identity;
 use live::Live;
 use respond::{GatewayError, Refusal};
@@ -158,6 +158,20 @@ impl Gateway {
             ));
         }
         hop_by_hop::strip_listed(&mut ctx.parts.headers);
+        if ctx.parts.version == Version::HTTP_2 {
+            // What HTTP/1.1's parser settles itself: split cookies joined, one length, and a
+            // `:path` that is a path (RFC 9113 §8.3.1; `?a=1` reads as `/` otherwise).
+            h2::to_http1(&mut ctx.parts.headers).map_err(|e| GatewayError::BadRequest(e.into()))?;
+            if ctx
+                .uri
+                .path_and_query()
+                .is_some_and(|p| !p.as_str().starts_with(['/', '*']))
+            {
+                return Err(GatewayError::BadRequest(
+                    "an HTTP/2 `:path` must start with `/`".into(),
+                ));
+            }
+        }
         // Methods are case-sensitive (RFC 9110 §9.1), but many frameworks upper-case them:
         // `post` would miss a `methods: [POST]` route and still reach the handler it guards.
         // nginx refuses them too.
@@ -439,7 +453,7 @@ impl Gateway {
             }
             (false, _) => {
                 answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?;
-                one_content_length(res.headers_mut()).map_err(ForwardError::BadAnswer)?;
+                content_length::one(res.headers_mut()).map_err(ForwardError::BadAnswer)?;
             }
         }
         hop_by_hop::strip(res.headers_mut(), switching);
@@ -591,37 +605,6 @@ fn answer_framing(headers: &http::HeaderMap) -> Result<(), &'static str> {
     {
         return Err("both Content-Length and Transfer-Encoding");
     }
-    Ok(())
-}
-
-/// An upstream `Content-Length` of one length repeated (`2, 2`, or two fields of `2`) goes to
-/// the client as that one length (RFC 9110 §8.6: a recipient may take the list as the length,
-/// and a proxy then forwards the single value); one that is not a number, or a list that
-/// disagrees, is refused (502, as nginx). hyper refuses those itself where it frames the body
-/// by them, but not on answers without a body (HEAD, 204, 304), where a client would still
-/// read the field. One lookup when the field is the usual single number.
-fn one_content_length(headers: &mut http::HeaderMap) -> Result<(), &'static str> {
-    use http::header::CONTENT_LENGTH;
-    let mut all = headers.get_all(CONTENT_LENGTH).iter();
-    let Some(first) = all.next() else {
-        return Ok(());
-    };
-    let digits = |b: &[u8]| !b.is_empty() && b.iter().all(u8::is_ascii_digit);
-    if all.next().is_none() && digits(first.as_bytes()) {
-        return Ok(());
-    }
-    let mut one: Option<&[u8]> = None;
-    for v in headers.get_all(CONTENT_LENGTH) {
-        for n in v.as_bytes().split(|&b| b == b',').map(<[u8]>::trim_ascii) {
-            if !digits(n) || one.is_some_and(|o| o != n) {
-                return Err("a Content-Length that is not one number");
-            }
-            one = Some(n);
-        }
-    }
-    let one = one.and_then(|n| http::HeaderValue::from_bytes(n).ok());
-    let one = one.ok_or("a Content-Length that is not one number")?;
-    headers.insert(CONTENT_LENGTH, one);
     Ok(())
 }
 

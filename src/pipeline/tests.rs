@@ -386,39 +386,3 @@ async fn respond_advertises_the_headline_limit_and_always_the_request_id() {
     assert_eq!(res.headers()["ratelimit"], "\"r/per-ip\";r=4;t=60");
     assert_eq!(res.headers()["ratelimit-policy"], "\"r/per-ip\";q=5;w=60");
 }
-
-/// RFC 9110 §8.6 on the answer's way out: one length repeated becomes that length; a list that
-/// disagrees or is not numbers is refused, also where hyper did not frame a body by it (a
-/// HEAD, 204 or 304 answer).
-#[test]
-fn an_answer_content_length_goes_out_as_one_number_or_not_at_all() {
-    let cl = |values: &[&str]| {
-        let mut h = HeaderMap::new();
-        for v in values {
-            h.append(http::header::CONTENT_LENGTH, v.parse().unwrap());
-        }
-        one_content_length(&mut h).map(|()| {
-            let all: Vec<String> = h
-                .get_all(http::header::CONTENT_LENGTH)
-                .iter()
-                .map(|v| v.to_str().unwrap().to_owned())
-                .collect();
-            all.join("|")
-        })
-    };
-    assert_eq!(cl(&[]), Ok(String::new()));
-    assert_eq!(cl(&["12"]), Ok("12".into()));
-    for same in [&["2, 2"][..], &["2,2"], &["2", "2"], &[" 2 ,2", "2"]] {
-        assert_eq!(cl(same), Ok("2".into()), "{same:?}");
-    }
-    for bad in [
-        &["5, 7"][..],
-        &["5", "7"],
-        &["5,"],
-        &["x"],
-        &["-1"],
-        &["", "5"],
-    ] {
-        assert!(cl(bad).is_err(), "{bad:?}");
-    }
-}
