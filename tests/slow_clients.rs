@@ -88,3 +88,48 @@ async fn an_http2_client_that_opens_no_window_is_disconnected() {
     assert!(ended.is_err(), "the whole answer came ({got} bytes)");
     assert!(got < BIG / 4, "{got} of {BIG} bytes");
 }
+
+/// HTTP/2's rapid reset, slowed down to get past h2's own guard (which refuses streams reset
+/// before the server took them up): batches of requests to a slow route, each cancelled 50 ms
+/// later, when the gateway is already forwarding it. The gateway closes the connection once
+/// the client has cancelled most of its requests (past 100), so the upstream sees a bounded
+/// number of them, not one per frame the client can send.
+#[tokio::test]
+async fn an_http2_client_that_cancels_its_requests_is_disconnected() {
+    let up = Upstream::start();
+    let s = gateway(&up);
+    let tcp = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut sent = 0;
+    let closed = 'batches: {
+        for _ in 0..20 {
+            let mut batch = Vec::new();
+            for _ in 0..50 {
+                if send.ready().await.is_err() {
+                    break 'batches true;
+                }
+                let req = http::Request::get(s.url("/slow?ms=5000"))
+                    .body(http_body_util::Empty::<bytes::Bytes>::new())
+                    .unwrap();
+                batch.push(send.send_request(req));
+                sent += 1;
+            }
+            let all = futures_util::future::join_all(batch);
+            let _ = tokio::time::timeout(Duration::from_millis(50), all).await;
+        }
+        false
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(
+        closed,
+        "all {sent} requests sent and cancelled on one connection"
+    );
+    assert!(sent < 400, "{sent} requests before the connection closed");
+    s.wait_log(&["cancelled most of its requests"]);
+}

@@ -14,11 +14,20 @@
 //! upstream connections streaming them, for good without ever filling the socket (which
 //! `stall` watches). A connection with one answer still moving is not cut for another that
 //! does not; each holds at most its stream's window.
+//!
+//! And it reads as closed at once when the client has cancelled most of its requests before
+//! their answers ([`CANCELS_MIN`]): HTTP/2's "rapid reset" (CVE-2023-44487) in its slower
+//! form. h2 refuses streams reset before they are taken up; one reset a moment later has
+//! already become an upstream request, which the reset turns into a broken upstream
+//! connection, so a client repeating it makes the gateway open upstream connections as fast
+//! as it can send frames. Envoy closes such a connection on its "premature resets", nginx
+//! bounds the requests of one connection.
 
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -44,19 +53,35 @@ pub(super) struct Activity {
     waiting: AtomicUsize,
     /// When an answer body of the connection was last asked for a frame.
     moved: Mutex<Instant>,
-    /// The connection's reader, woken when `open` falls to 0 or an answer starts waiting, so
-    /// that it arms its timer.
+    /// Requests begun, and those the client cancelled before their answer.
+    begun: AtomicUsize,
+    cancelled: AtomicUsize,
+    /// Cancelling most of its requests: the connection is to close now.
+    abusive: AtomicBool,
+    /// The connection's reader, woken when `open` falls to 0, an answer starts waiting, or
+    /// the client turns out abusive, so that it arms its timer.
     reader: AtomicWaker,
+    peer: SocketAddr,
 }
 
+/// How many requests a connection may cancel before its answer, at least, before it is
+/// closed for cancelling more than half of those it began (Envoy's
+/// `premature_reset_total_stream_count` is 500 within a minimum stream lifetime; here the
+/// count is of requests cancelled while the gateway handled them, whatever their age).
+pub(super) const CANCELS_MIN: usize = 100;
+
 impl Activity {
-    pub(super) fn new() -> Arc<Activity> {
+    pub(super) fn new(peer: SocketAddr) -> Arc<Activity> {
         Arc::new(Activity {
             open: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
             waiting: AtomicUsize::new(0),
             moved: Mutex::new(Instant::now()),
+            begun: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
+            abusive: AtomicBool::new(false),
             reader: AtomicWaker::new(),
+            peer,
         })
     }
 
@@ -64,7 +89,25 @@ impl Activity {
     /// [`track`], or with the request's future if it never answered).
     pub(super) fn begin(self: &Arc<Self>) -> Busy {
         self.open.fetch_add(1, Ordering::AcqRel);
-        Busy(self.clone())
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        Busy {
+            activity: self.clone(),
+            answered: false,
+        }
+    }
+
+    /// A request dropped before its answer: count it, and past [`CANCELS_MIN`] with more
+    /// than half of the connection's requests cancelled, close the connection.
+    fn cancelled(&self) {
+        let cancelled = self.cancelled.fetch_add(1, Ordering::Relaxed) + 1;
+        let begun = self.begun.load(Ordering::Relaxed);
+        if cancelled >= CANCELS_MIN
+            && cancelled * 2 > begun
+            && !self.abusive.swap(true, Ordering::AcqRel)
+        {
+            tracing::warn!(peer = %self.peer, cancelled, begun, "HTTP/2 client cancelled most of its requests before their answers; connection closed");
+            self.reader.wake();
+        }
     }
 
     /// When the connection is to read as closed: idle past the header timeout, or stalled
@@ -77,12 +120,18 @@ impl Activity {
     }
 }
 
-/// Holds its connection busy until dropped.
-pub(super) struct Busy(Arc<Activity>);
+/// Holds its connection busy until dropped; dropped unanswered, the request was cancelled.
+pub(super) struct Busy {
+    activity: Arc<Activity>,
+    answered: bool,
+}
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        let a = &self.0;
+        let a = &self.activity;
+        if !self.answered && !std::thread::panicking() {
+            a.cancelled();
+        }
         if a.open.fetch_sub(1, Ordering::AcqRel) == 1 {
             *a.since.lock() = Instant::now();
             a.reader.wake();
@@ -91,7 +140,8 @@ impl Drop for Busy {
 }
 
 /// The answer, whose body holds the connection busy until it has been sent (or dropped).
-pub(super) fn track(res: Response<Body>, busy: Busy) -> Response<Body> {
+pub(super) fn track(res: Response<Body>, mut busy: Busy) -> Response<Body> {
+    busy.answered = true;
     res.map(|body| {
         Tracked {
             body,
@@ -118,7 +168,7 @@ impl HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let activity = &this.busy.0;
+        let activity = &this.busy.activity;
         if std::mem::take(&mut this.waiting) {
             activity.waiting.fetch_sub(1, Ordering::AcqRel);
         }
@@ -145,7 +195,7 @@ impl HttpBody for Tracked {
 impl Drop for Tracked {
     fn drop(&mut self) {
         if self.waiting {
-            self.busy.0.waiting.fetch_sub(1, Ordering::AcqRel);
+            self.busy.activity.waiting.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
@@ -178,11 +228,18 @@ impl<IO: AsyncRead + Unpin> AsyncRead for IdleIo<IO> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if this.activity.abusive.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
         let read = Pin::new(&mut this.inner).poll_read(cx, buf);
         if read.is_ready() {
             return read;
         }
         this.activity.reader.register(cx.waker());
+        // Turned abusive meanwhile (its wake may have come before this registration).
+        if this.activity.abusive.load(Ordering::Acquire) {
+            return Poll::Ready(Ok(()));
+        }
         match this.activity.deadline(this.timeouts) {
             // Idle or stalled: wait for the deadline, then read as closed (nothing was read
             // into `buf`).
@@ -209,6 +266,8 @@ mod tests {
     use tokio::io::AsyncReadExt;
 
     const TIMEOUT: Duration = Duration::from_millis(100);
+    const PEER: SocketAddr =
+        SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 1);
     /// The header (idle) timeout, and a send timeout twice as long.
     const TIMEOUTS: Timeouts = Timeouts {
         header: TIMEOUT,
@@ -218,7 +277,7 @@ mod tests {
     #[tokio::test]
     async fn an_idle_connection_reads_as_closed_after_the_timeout() {
         let (_client, server) = tokio::io::duplex(64);
-        let mut io = IdleIo::new(server, Activity::new(), TIMEOUTS);
+        let mut io = IdleIo::new(server, Activity::new(PEER), TIMEOUTS);
         let started = Instant::now();
         let mut buf = [0; 8];
         assert_eq!(io.read(&mut buf).await.unwrap(), 0);
@@ -230,7 +289,7 @@ mod tests {
     #[tokio::test]
     async fn a_busy_connection_is_not_idle_and_its_timeout_starts_when_it_is_done() {
         let (_client, server) = tokio::io::duplex(64);
-        let a = Activity::new();
+        let a = Activity::new(PEER);
         let mut io = IdleIo::new(server, a.clone(), TIMEOUTS);
         let busy = a.begin();
         let started = Instant::now();
@@ -249,7 +308,7 @@ mod tests {
         let (mut client, server) = tokio::io::duplex(64);
         let mut io = IdleIo::new(
             server,
-            Activity::new(),
+            Activity::new(PEER),
             Timeouts {
                 header: Duration::from_secs(60),
                 send: Duration::from_secs(60),
@@ -269,7 +328,7 @@ mod tests {
     #[tokio::test]
     async fn an_answer_the_client_gives_no_room_is_cut_after_the_send_timeout() {
         let (_client, server) = tokio::io::duplex(64);
-        let a = Activity::new();
+        let a = Activity::new(PEER);
         let mut io = IdleIo::new(server, a.clone(), TIMEOUTS);
         let chunks = futures_util::stream::iter(
             (0..1000).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"x")))),
@@ -297,5 +356,43 @@ mod tests {
                 assert!(waited >= Duration::from_millis(140), "{waited:?}");
             }
         }
+    }
+
+    /// A client that cancels most of its requests before their answers (HTTP/2's rapid
+    /// reset, slowed down) has its connection read as closed at once; one that cancels some
+    /// does not.
+    #[tokio::test]
+    async fn a_connection_that_cancels_most_of_its_requests_is_closed() {
+        let (_client, server) = tokio::io::duplex(64);
+        let a = Activity::new(PEER);
+        let mut io = IdleIo::new(
+            server,
+            a.clone(),
+            Timeouts {
+                header: Duration::from_secs(60),
+                send: Duration::from_secs(60),
+            },
+        );
+        let answered = |n| {
+            for _ in 0..n {
+                let busy = a.begin();
+                drop(track(Response::new(crate::pipeline::body::empty()), busy));
+            }
+        };
+        // Cancels within the limit: many, but not most, or not yet enough.
+        answered(CANCELS_MIN);
+        for _ in 0..CANCELS_MIN - 1 {
+            drop(a.begin());
+        }
+        let _open = a.begin();
+        let mut buf = [0; 8];
+        let read = tokio::time::timeout(Duration::from_millis(200), io.read(&mut buf)).await;
+        assert!(read.is_err(), "closed too soon: {read:?}");
+        // 102 of 203 cancelled: past the minimum, and more than half (101 of 202 was not).
+        for _ in 0..3 {
+            drop(a.begin());
+        }
+        let read = tokio::time::timeout(Duration::from_secs(5), io.read(&mut buf)).await;
+        assert_eq!(read.expect("closed").unwrap(), 0);
     }
 }

@@ -305,7 +305,7 @@ where
         if h2 {
             // HTTP/2 has no idle timer of its own in hyper, nor one for a client that opens
             // no flow-control window for an answer: see `idle`.
-            let activity = idle::Activity::new();
+            let activity = idle::Activity::new(info.peer.addr);
             let io = idle::IdleIo::new(io, activity.clone(), self.timeouts);
             self.serve_http(io, info, Some(activity)).await
         } else {
