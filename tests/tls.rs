@@ -227,6 +227,47 @@ fn sni_alpn_and_versions_seen_by_openssl() {
     assert!(ok, "{text}");
 }
 
+/// The bytes after the handshake must be the protocol ALPN settled (RFC 9113 §3.2, RFC 7301
+/// §3.2): an HTTP/1.1 request after `h2` was chosen, or the HTTP/2 preface after `http/1.1`,
+/// is not served, so a front end that allows one protocol by ALPN is not gone around.
+#[test]
+fn the_first_bytes_must_be_the_protocol_alpn_chose() {
+    need("openssl", "openssl");
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let api = ca.leaf(dir.path(), "api", &["api.example.test"], 90);
+    let up = Upstream::start();
+    let port = free_port();
+    let _gw = Sluice::start(&config(&up, port, &certificates(&[&api]), ""));
+    let speak = |alpn: &str, bytes: &[u8]| {
+        let mut child = Command::new("openssl")
+            .args(["s_client", "-quiet", "-ign_eof", "-alpn", alpn])
+            .args(["-connect", &format!("127.0.0.1:{port}")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), bytes).unwrap();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let request = b"GET /x HTTP/1.1\r\nHost: api.example.test\r\nConnection: close\r\n\r\n";
+    let served = speak("http/1.1", request);
+    assert!(served.starts_with("HTTP/1.1 200"), "{served}");
+    let refused = speak("h2", request);
+    assert!(
+        refused.is_empty(),
+        "HTTP/1.1 served after ALPN h2: {refused}"
+    );
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+    let refused = speak("http/1.1", preface);
+    assert!(
+        refused.is_empty(),
+        "HTTP/2 served after ALPN http/1.1: {refused:?}"
+    );
+}
+
 /// A TLS client of the gateway (rustls, trusting `ca`).
 #[derive(Clone)]
 struct Client {

@@ -151,7 +151,7 @@ pub async fn serve<H, F, R>(
         if accept.tls.is_none() && !accept.proxy_protocol {
             // The plain path: no extra task hop, no handshake.
             let info = Arc::new(ConnInfo::new(peer, None, false));
-            tokio::spawn(counted(open, conn.serve(stream, info)));
+            tokio::spawn(counted(open, conn.serve(stream, info, None)));
         } else {
             let opened = conn.open(stream, peer, accept.clone(), timeouts.header);
             tokio::spawn(counted(open, opened));
@@ -273,12 +273,13 @@ where
         }
         let Some(acceptor) = accept.tls else {
             let info = Arc::new(ConnInfo::new(peer, proxied, false));
-            return self.serve(stream, info).await;
+            return self.serve(stream, info, None).await;
         };
         match tokio::time::timeout(limit, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
                 let info = Arc::new(ConnInfo::new(peer, proxied, true));
-                self.serve(tls, info).await
+                let h2 = tls.get_ref().1.alpn_protocol().map(|p| p == b"h2");
+                self.serve(tls, info, h2).await
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -288,7 +289,10 @@ where
     /// Serve HTTP/1.1 or HTTP/2 (by preface; over TLS the client chose it by ALPN) on `io`,
     /// whose TCP socket is [`Gather`]ed (below TLS, never above it: rustls already makes one
     /// record of a head and body written together).
-    async fn serve<IO>(self, mut io: IO, info: Arc<ConnInfo>)
+    /// `alpn_h2`: what ALPN settled over TLS (`Some(true)`: `h2`), which the first bytes must
+    /// then agree with (RFC 9113 §3.2, RFC 7301 §3.2); a front end that allows one protocol by
+    /// ALPN is not gone around by speaking the other.
+    async fn serve<IO>(self, mut io: IO, info: Arc<ConnInfo>, alpn_h2: Option<bool>)
     where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
@@ -301,6 +305,11 @@ where
             }
         };
         let h2 = seen == preface::PREFACE;
+        if alpn_h2.is_some_and(|alpn| alpn != h2) {
+            let peer = info.peer.addr;
+            tracing::debug!(%peer, h2, ?alpn_h2, "the first bytes are not the protocol ALPN settled; connection closed");
+            return;
+        }
         let io = stall::Stall::new(preface::Rewind::new(seen, io), self.timeouts.send);
         if h2 {
             // HTTP/2 has no idle timer of its own in hyper, nor one for a client that opens
