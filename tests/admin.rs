@@ -559,3 +559,41 @@ async fn limit_state_survives_reload_and_peek_follows_it() {
         "{p}"
     );
 }
+
+/// The open (loopback) admin API answers `/admin/*` only for `Host: localhost` or an IP
+/// address: a page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) must not get a
+/// browser on this host to read the config or reset limits. Probes and scrapes stay open.
+#[tokio::test]
+async fn the_open_admin_api_refuses_a_rebound_host() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let c = client();
+    let port = s.admin.port();
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "[::1]".into(),
+    ] {
+        let r = get(
+            &c,
+            &s.admin_url("/admin/config"),
+            &[("host", host.as_str())],
+        )
+        .await;
+        assert_eq!(r.status, 200, "{host}: {}", r.text());
+    }
+    for host in [
+        format!("evil.example:{port}"),
+        "localhost.evil.example".into(),
+    ] {
+        let r = get(
+            &c,
+            &s.admin_url("/admin/config"),
+            &[("host", host.as_str())],
+        )
+        .await;
+        assert_eq!(r.status, 403, "{host}: {}", r.text());
+        let r = get(&c, &s.admin_url("/metrics"), &[("host", host.as_str())]).await;
+        assert_eq!(r.status, 200, "{host}: /metrics stays open");
+    }
+}

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, HOST, WWW_AUTHENTICATE};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
@@ -40,6 +40,12 @@ pub async fn handle(gw: Arc<Runtime>, req: Request<Incoming>, _peer: SocketAddr)
 async fn route(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     if path == "/admin" || path.starts_with("/admin/") {
+        if !loopback_host(&gw, req.headers()) {
+            return problem(
+                StatusCode::FORBIDDEN,
+                "the open (loopback) admin API answers only requests to localhost or an IP address",
+            );
+        }
         if !authorized(&gw, req.headers()) {
             let mut res = problem(
                 StatusCode::UNAUTHORIZED,
@@ -143,6 +149,26 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
             &format!("reload failed: {e}"),
         ),
     }
+}
+
+/// On an open (loopback) admin listener, a request's `Host` must be `localhost` or an IP
+/// address: a web page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) could
+/// otherwise make a browser on this host read `/admin/config` or reset limits, with the
+/// page's name as `Host`. A token-guarded listener needs no such check.
+fn loopback_host(gw: &Runtime, headers: &HeaderMap) -> bool {
+    if !gw.boot.admin_listen.ip().is_loopback() {
+        return true;
+    }
+    let Some(host) = headers.get(HOST).and_then(|h| h.to_str().ok()) else {
+        // HTTP/1.0 without a Host: no page name to have been rebound.
+        return true;
+    };
+    let name = crate::model::route::host_name(host);
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok()
 }
 
 /// Loopback admin listeners are open; any other needs the bearer token (no token set:
