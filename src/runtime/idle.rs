@@ -8,12 +8,11 @@
 //! (an event stream may send nothing for minutes and is not idle); once idle for the timeout,
 //! its socket reads as closed, and hyper ends the connection.
 //!
-//! The same socket also reads as closed when an answer body has a frame ready that the client
-//! gave no room for and no answer body of the connection has moved for `send_timeout`: an
-//! HTTP/2 client that never sends `WINDOW_UPDATE` would otherwise hold its answers, and the
-//! upstream connections streaming them, for good without ever filling the socket (which
-//! `stall` watches). A connection with one answer still moving is not cut for another that
-//! does not; each holds at most its stream's window.
+//! An answer whose client gave no room for its next frame for `send_timeout` (an HTTP/2 client
+//! that sends no `WINDOW_UPDATE` for it, which never fills the socket `stall` watches) is
+//! given up alone, as nginx resets that stream alone: its upstream body is dropped (which
+//! releases the upstream connection) and it stops counting as busy; hyper resets the stream
+//! with an error if the client ever makes room. The connection's other streams go on.
 //!
 //! And it reads as closed at once when the client has cancelled most of its requests before
 //! their answers ([`CANCELS_MIN`]): HTTP/2's "rapid reset" (CVE-2023-44487) in its slower
@@ -27,9 +26,10 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::task::AtomicWaker;
@@ -48,11 +48,10 @@ pub(super) struct Activity {
     open: AtomicUsize,
     /// When `open` last fell to 0 (or the connection began).
     since: Mutex<Instant>,
-    /// Answer bodies that yielded a frame and have not been asked for the next: waiting for
-    /// the client to make room.
-    waiting: AtomicUsize,
-    /// When an answer body of the connection was last asked for a frame.
-    moved: Mutex<Instant>,
+    /// Answers that yielded a frame and have not been asked for the next (waiting for the
+    /// client to make room), with since when.
+    stalls: Mutex<Vec<Stall>>,
+    next_stall: AtomicU64,
     /// Requests begun, and those the client cancelled before their answer.
     begun: AtomicUsize,
     cancelled: AtomicUsize,
@@ -75,8 +74,8 @@ impl Activity {
         Arc::new(Activity {
             open: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
-            waiting: AtomicUsize::new(0),
-            moved: Mutex::new(Instant::now()),
+            stalls: Mutex::new(Vec::new()),
+            next_stall: AtomicU64::new(0),
             begun: AtomicUsize::new(0),
             cancelled: AtomicUsize::new(0),
             abusive: AtomicBool::new(false),
@@ -110,14 +109,39 @@ impl Activity {
         }
     }
 
-    /// When the connection is to read as closed: idle past the header timeout, or stalled
-    /// past the send timeout. `None` while busy and moving.
+    /// When something is due: the connection idle past the header timeout, or its oldest
+    /// stalled answer past the send timeout. `None` while busy and moving.
     fn deadline(&self, timeouts: Timeouts) -> Option<Instant> {
         if self.open.load(Ordering::Acquire) == 0 {
             return Some(*self.since.lock() + timeouts.header);
         }
-        (self.waiting.load(Ordering::Acquire) > 0).then(|| *self.moved.lock() + timeouts.send)
+        let oldest = self.stalls.lock().iter().map(|s| s.since).min()?;
+        Some(oldest + timeouts.send)
     }
+
+    /// Give up the answers stalled for `send` or longer at `now`: their upstream bodies and
+    /// busy marks are dropped. How many.
+    fn give_up(&self, now: Instant, send: Duration) -> usize {
+        let gone: Vec<Stall> = {
+            let mut stalls = self.stalls.lock();
+            let (gone, kept) = std::mem::take(&mut *stalls)
+                .into_iter()
+                .partition(|s| s.since + send <= now);
+            *stalls = kept;
+            gone
+        };
+        for s in &gone {
+            s.answer.lock().take();
+        }
+        gone.len()
+    }
+}
+
+/// An answer waiting for its client to make room.
+struct Stall {
+    id: u64,
+    since: Instant,
+    answer: Arc<Mutex<Option<Live>>>,
 }
 
 /// Holds its connection busy until dropped; dropped unanswered, the request was cancelled.
@@ -142,21 +166,37 @@ impl Drop for Busy {
 /// The answer, whose body holds the connection busy until it has been sent (or dropped).
 pub(super) fn track(res: Response<Body>, mut busy: Busy) -> Response<Body> {
     busy.answered = true;
+    let activity = busy.activity.clone();
     res.map(|body| {
         Tracked {
-            body,
-            busy,
-            waiting: false,
+            answer: Arc::new(Mutex::new(Some(Live { body, _busy: busy }))),
+            activity,
+            stalled: None,
         }
         .boxed()
     })
 }
 
-struct Tracked {
+/// An answer still streaming: its body, and the mark that keeps its connection busy.
+struct Live {
     body: Body,
-    busy: Busy,
-    /// Counted in the connection's `waiting`: a frame went out and the next was not asked.
-    waiting: bool,
+    _busy: Busy,
+}
+
+struct Tracked {
+    /// `None` once given up for a stall.
+    answer: Arc<Mutex<Option<Live>>>,
+    activity: Arc<Activity>,
+    /// Its entry in the connection's stalls: a frame went out and the next was not asked.
+    stalled: Option<u64>,
+}
+
+impl Tracked {
+    fn unstall(&mut self) {
+        if let Some(id) = self.stalled.take() {
+            self.activity.stalls.lock().retain(|s| s.id != id);
+        }
+    }
 }
 
 impl HttpBody for Tracked {
@@ -168,35 +208,44 @@ impl HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
-        let activity = &this.busy.activity;
-        if std::mem::take(&mut this.waiting) {
-            activity.waiting.fetch_sub(1, Ordering::AcqRel);
-        }
-        *activity.moved.lock() = Instant::now();
-        let polled = Pin::new(&mut this.body).poll_frame(cx);
-        if matches!(polled, Poll::Ready(Some(Ok(_)))) && !this.body.is_end_stream() {
-            this.waiting = true;
-            if activity.waiting.fetch_add(1, Ordering::AcqRel) == 0 {
-                activity.reader.wake();
-            }
+        this.unstall();
+        let mut answer = this.answer.lock();
+        let Some(live) = answer.as_mut() else {
+            return Poll::Ready(Some(Err("the client made no room for send_timeout".into())));
+        };
+        let polled = Pin::new(&mut live.body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(Some(Ok(_)))) && !live.body.is_end_stream() {
+            drop(answer);
+            let id = this.activity.next_stall.fetch_add(1, Ordering::Relaxed);
+            this.activity.stalls.lock().push(Stall {
+                id,
+                since: Instant::now(),
+                answer: this.answer.clone(),
+            });
+            this.stalled = Some(id);
+            this.activity.reader.wake();
         }
         polled
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.answer
+            .lock()
+            .as_ref()
+            .is_some_and(|l| l.body.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        self.answer
+            .lock()
+            .as_ref()
+            .map_or_else(SizeHint::default, |l| l.body.size_hint())
     }
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
-        if self.waiting {
-            self.busy.activity.waiting.fetch_sub(1, Ordering::AcqRel);
-        }
+        self.unstall();
     }
 }
 
@@ -240,20 +289,22 @@ impl<IO: AsyncRead + Unpin> AsyncRead for IdleIo<IO> {
         if this.activity.abusive.load(Ordering::Acquire) {
             return Poll::Ready(Ok(()));
         }
-        match this.activity.deadline(this.timeouts) {
-            // Idle or stalled: wait for the deadline, then read as closed (nothing was read
-            // into `buf`).
-            Some(deadline) => {
-                if this.timer.deadline() != deadline {
-                    this.timer.as_mut().reset(deadline);
-                }
-                match this.timer.as_mut().poll(cx) {
-                    Poll::Ready(()) => Poll::Ready(Ok(())),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
-            None => Poll::Pending,
+        let Some(deadline) = this.activity.deadline(this.timeouts) else {
+            return Poll::Pending;
+        };
+        if this.timer.deadline() != deadline {
+            this.timer.as_mut().reset(deadline);
         }
+        ready!(this.timer.as_mut().poll(cx));
+        if this.activity.open.load(Ordering::Acquire) == 0 {
+            // Idle: read as closed (nothing was read into `buf`).
+            return Poll::Ready(Ok(()));
+        }
+        // Stalled answers: give them up, and look again (the next deadline, or idle now).
+        let gone = this.activity.give_up(Instant::now(), this.timeouts.send);
+        tracing::debug!(peer = %this.activity.peer, answers = gone, "answers whose client made no room for send_timeout given up");
+        cx.waker().wake_by_ref();
+        Poll::Pending
     }
 }
 
@@ -262,7 +313,6 @@ crate::net::writes_through!(IdleIo);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
     use tokio::io::AsyncReadExt;
 
     const TIMEOUT: Duration = Duration::from_millis(100);
@@ -323,39 +373,50 @@ mod tests {
     }
 
     /// An answer with a frame out and the next never asked for (an HTTP/2 client that opens
-    /// no window): the connection reads as closed once nothing moved for the send timeout.
-    /// While the answer is still asked for its frames, it is not cut.
+    /// no window for it) is given up alone once it waited for the send timeout: its upstream
+    /// body is dropped and it fails if asked again; the connection stays open (then idle).
+    /// While it is asked for its frames, however slowly the client makes room, it goes on.
     #[tokio::test]
-    async fn an_answer_the_client_gives_no_room_is_cut_after_the_send_timeout() {
+    async fn an_answer_the_client_gives_no_room_is_given_up_after_the_send_timeout() {
         let (_client, server) = tokio::io::duplex(64);
         let a = Activity::new(PEER);
         let mut io = IdleIo::new(server, a.clone(), TIMEOUTS);
-        let chunks = futures_util::stream::iter(
-            (0..1000).map(|_| Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"x")))),
-        );
+        // The upstream body: dropped, it drops `upstream`.
+        let (upstream, released) = tokio::sync::oneshot::channel::<()>();
+        let chunks = futures_util::stream::iter((0..1000).map(move |_| {
+            let _held = &upstream;
+            Ok::<_, BoxError>(Frame::data(Bytes::from_static(b"x")))
+        }));
         let body: Body = http_body_util::StreamBody::new(chunks).boxed();
         let mut answer = track(Response::new(body), a.begin()).into_body();
-        let started = Instant::now();
-        // Asked for a frame every 50 ms for 400 ms (twice the send timeout): moving.
-        let mut moving = tokio::spawn(async move {
-            for _ in 0..8 {
-                answer.frame().await.unwrap().unwrap();
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            answer
+        let reader = tokio::spawn(async move {
+            let mut buf = [0; 8];
+            let n = io.read(&mut buf).await.unwrap();
+            (n, Instant::now())
         });
-        let mut buf = [0; 8];
-        tokio::select! {
-            r = io.read(&mut buf) => panic!("cut while moving: {r:?} after {:?}", started.elapsed()),
-            answer = &mut moving => {
-                let _answer = answer.unwrap();
-                // Now never asked again: cut one send timeout after the last frame.
-                let stalled = Instant::now();
-                assert_eq!(io.read(&mut buf).await.unwrap(), 0);
-                let waited = stalled.elapsed();
-                assert!(waited >= Duration::from_millis(140), "{waited:?}");
-            }
+        // Asked for a frame every 50 ms for 400 ms (twice the send timeout): it goes on.
+        for _ in 0..8 {
+            answer.frame().await.unwrap().unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
+        let last = Instant::now() - Duration::from_millis(50);
+        // Not asked again: given up one send timeout after its last frame.
+        let _ = released.await;
+        let given_up = Instant::now();
+        assert!(given_up >= last + TIMEOUTS.send, "{:?}", given_up - last);
+        assert!(
+            answer.frame().await.unwrap().is_err(),
+            "asked again, it fails"
+        );
+        // The connection itself stays until it has been idle for the header timeout.
+        drop(answer);
+        let (n, closed) = reader.await.unwrap();
+        assert_eq!(n, 0);
+        assert!(
+            closed >= given_up + TIMEOUT - Duration::from_millis(20),
+            "{:?}",
+            closed - given_up
+        );
     }
 
     /// A client that cancels most of its requests before their answers (HTTP/2's rapid

@@ -102,7 +102,7 @@ pub struct Timeouts {
     /// To send a request head (and its first bytes, a PROXY header, a TLS handshake), and
     /// the longest an idle keep-alive connection is kept.
     pub header: Duration,
-    /// To accept any of an answer's bytes ([`super::stall`]).
+    /// To accept any of an answer's bytes (`runtime::stall`).
     pub send: Duration,
 }
 
