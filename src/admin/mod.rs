@@ -40,7 +40,7 @@ pub async fn handle(gw: Arc<Runtime>, req: Request<Incoming>, _peer: SocketAddr)
 async fn route(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     if path == "/admin" || path.starts_with("/admin/") {
-        if !loopback_host(&gw, req.headers()) {
+        if !loopback_host(&gw, req.uri(), req.headers()) {
             return problem(
                 StatusCode::FORBIDDEN,
                 "the open (loopback) admin API answers only requests to localhost or an IP address",
@@ -155,11 +155,16 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
 /// address: a web page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) could
 /// otherwise make a browser on this host read `/admin/config` or reset limits, with the
 /// page's name as `Host`. A token-guarded listener needs no such check.
-fn loopback_host(gw: &Runtime, headers: &HeaderMap) -> bool {
+fn loopback_host(gw: &Runtime, uri: &http::Uri, headers: &HeaderMap) -> bool {
     if !gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }
-    let Some(host) = headers.get(HOST).and_then(|h| h.to_str().ok()) else {
+    // The target's authority (HTTP/2's `:authority`, the absolute form), else `Host`.
+    let host = match uri.authority() {
+        Some(a) => Some(a.as_str()),
+        None => headers.get(HOST).and_then(|h| h.to_str().ok()),
+    };
+    let Some(host) = host else {
         // HTTP/1.0 without a Host: no page name to have been rebound.
         return true;
     };

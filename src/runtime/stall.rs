@@ -111,8 +111,11 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Stall<IO> {
         this.watch(cx, polled)
     }
 
+    /// Watched too: over TLS a shutdown writes `close_notify`, which waits on a full socket.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.inner).poll_shutdown(cx);
+        this.watch(cx, polled)
     }
 }
 
