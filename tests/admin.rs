@@ -561,8 +561,9 @@ async fn limit_state_survives_reload_and_peek_follows_it() {
 }
 
 /// The open (loopback) admin API answers `/admin/*` only for `Host: localhost` or an IP
-/// address: a page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) must not get a
-/// browser on this host to read the config or reset limits. Probes and scrapes stay open.
+/// address, and not to a page of another site: a page whose name an attacker pointed at
+/// 127.0.0.1 (DNS rebinding) must not get a browser on this host to read the config or reset
+/// limits, nor any page post a reload blind. Probes and scrapes stay open.
 #[tokio::test]
 async fn the_open_admin_api_refuses_a_rebound_host() {
     let up = Upstream::start();
@@ -581,6 +582,16 @@ async fn the_open_admin_api_refuses_a_rebound_host() {
         )
         .await;
         assert_eq!(r.status, 200, "{host}: {}", r.text());
+    }
+    // A page of another site, even posting to the IP, is refused; curl sends no `Origin`.
+    for (origin, want) in [
+        ("https://evil.example".to_string(), 403),
+        ("null".into(), 403),
+        (format!("http://127.0.0.1:{port}"), 200),
+    ] {
+        let url = s.admin_url("/admin/reload");
+        let r = send(&c, Method::POST, &url, &[("origin", origin.as_str())], b"").await;
+        assert_eq!(r.status, want, "{origin}: {}", r.text());
     }
     for host in [
         format!("evil.example:{port}"),

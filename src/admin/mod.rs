@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, HOST, WWW_AUTHENTICATE};
+use http::header::{
+    HeaderValue, ALLOW, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE,
+};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::json;
@@ -43,7 +45,7 @@ async fn route(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
         if !loopback_host(&gw, req.uri(), req.headers()) {
             return problem(
                 StatusCode::FORBIDDEN,
-                "the open (loopback) admin API answers only requests to localhost or an IP address",
+                "the open (loopback) admin API answers only requests to localhost or an IP address, and none from a web page of another site",
             );
         }
         if !authorized(&gw, req.headers()) {
@@ -154,26 +156,36 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
 /// On an open (loopback) admin listener, a request's `Host` must be `localhost` or an IP
 /// address: a web page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) could
 /// otherwise make a browser on this host read `/admin/config` or reset limits, with the
-/// page's name as `Host`. A token-guarded listener needs no such check.
+/// page's name as `Host`. And a browser's request from another site (`Origin` naming
+/// anything else) is refused, so a page cannot post `/admin/reload` blind either. A
+/// token-guarded listener needs neither check.
 fn loopback_host(gw: &Runtime, uri: &http::Uri, headers: &HeaderMap) -> bool {
     if !gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }
-    // The target's authority (HTTP/2's `:authority`, the absolute form), else `Host`.
-    let host = match uri.authority() {
-        Some(a) => Some(a.as_str()),
-        None => headers.get(HOST).and_then(|h| h.to_str().ok()),
+    let local = |host: &str| {
+        let name = crate::model::route::host_name(host);
+        name.eq_ignore_ascii_case("localhost")
+            || name
+                .trim_matches(['[', ']'])
+                .parse::<std::net::IpAddr>()
+                .is_ok()
     };
-    let Some(host) = host else {
-        // HTTP/1.0 without a Host: no page name to have been rebound.
-        return true;
-    };
-    let name = crate::model::route::host_name(host);
-    name.eq_ignore_ascii_case("localhost")
-        || name
-            .trim_matches(['[', ']'])
-            .parse::<std::net::IpAddr>()
-            .is_ok()
+    // `Origin: scheme://host[:port]`, or `null` from an opaque origin (a sandboxed page).
+    if let Some(origin) = headers.get(ORIGIN) {
+        let from = origin.to_str().ok().and_then(|o| o.split_once("://"));
+        if !from.is_some_and(|(_, host)| local(host)) {
+            return false;
+        }
+    }
+    // The target's authority (HTTP/2's `:authority`, the absolute form), else `Host`;
+    // HTTP/1.0 may have neither, and then no page name to have been rebound.
+    match uri.authority() {
+        Some(a) => local(a.as_str()),
+        None => headers
+            .get(HOST)
+            .is_none_or(|h| h.to_str().is_ok_and(local)),
+    }
 }
 
 /// Loopback admin listeners are open; any other needs the bearer token (no token set:
