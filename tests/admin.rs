@@ -570,19 +570,6 @@ async fn the_open_admin_api_refuses_a_rebound_host() {
     let s = Sluice::start(&plain(&up));
     let c = client();
     let port = s.admin.port();
-    for host in [
-        format!("127.0.0.1:{port}"),
-        format!("localhost:{port}"),
-        "[::1]".into(),
-    ] {
-        let r = get(
-            &c,
-            &s.admin_url("/admin/config"),
-            &[("host", host.as_str())],
-        )
-        .await;
-        assert_eq!(r.status, 200, "{host}: {}", r.text());
-    }
     // A page of another site, even posting to the IP, is refused; curl sends no `Origin`.
     for (origin, want) in [
         ("https://evil.example".to_string(), 403),
@@ -593,18 +580,17 @@ async fn the_open_admin_api_refuses_a_rebound_host() {
         let r = send(&c, Method::POST, &url, &[("origin", origin.as_str())], b"").await;
         assert_eq!(r.status, want, "{origin}: {}", r.text());
     }
-    for host in [
-        format!("evil.example:{port}"),
-        "localhost.evil.example".into(),
+    for (host, want) in [
+        (format!("127.0.0.1:{port}"), 200),
+        (format!("localhost:{port}"), 200),
+        ("[::1]".into(), 200),
+        (format!("evil.example:{port}"), 403),
+        ("localhost.evil.example".into(), 403),
     ] {
-        let r = get(
-            &c,
-            &s.admin_url("/admin/config"),
-            &[("host", host.as_str())],
-        )
-        .await;
-        assert_eq!(r.status, 403, "{host}: {}", r.text());
-        let r = get(&c, &s.admin_url("/metrics"), &[("host", host.as_str())]).await;
-        assert_eq!(r.status, 200, "{host}: /metrics stays open");
+        let host = [("host", host.as_str())];
+        let r = get(&c, &s.admin_url("/admin/config"), &host).await;
+        assert_eq!(r.status, want, "{host:?}: {}", r.text());
+        let r = get(&c, &s.admin_url("/metrics"), &host).await;
+        assert_eq!(r.status, 200, "{host:?}: /metrics stays open");
     }
 }

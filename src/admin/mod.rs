@@ -42,7 +42,7 @@ pub async fn handle(gw: Arc<Runtime>, req: Request<Incoming>, _peer: SocketAddr)
 async fn route(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     if path == "/admin" || path.starts_with("/admin/") {
-        if !loopback_host(&gw, req.uri(), req.headers()) {
+        if !from_this_machine(&gw, req.uri(), req.headers()) {
             return problem(
                 StatusCode::FORBIDDEN,
                 "the open (loopback) admin API answers only requests to localhost or an IP address, and none from a web page of another site",
@@ -159,7 +159,7 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
 /// page's name as `Host`. And a browser's request from another site (`Origin` naming
 /// anything else) is refused, so a page cannot post `/admin/reload` blind either. A
 /// token-guarded listener needs neither check.
-fn loopback_host(gw: &Runtime, uri: &http::Uri, headers: &HeaderMap) -> bool {
+fn from_this_machine(gw: &Runtime, uri: &http::Uri, headers: &HeaderMap) -> bool {
     if !gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }

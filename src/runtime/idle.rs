@@ -26,7 +26,7 @@ use std::future::Future;
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
@@ -51,7 +51,6 @@ pub(super) struct Activity {
     /// Answers that yielded a frame and have not been asked for the next (waiting for the
     /// client to make room), with since when.
     stalls: Mutex<Vec<Stall>>,
-    next_stall: AtomicU64,
     /// Requests begun, and those the client cancelled within [`PREMATURE`] of their start.
     begun: AtomicUsize,
     cancelled: AtomicUsize,
@@ -66,11 +65,11 @@ pub(super) struct Activity {
 /// How many requests a connection may cancel prematurely, at least, before it is closed for
 /// cancelling more than half of those it began (Envoy closes on the same share of its
 /// "premature resets").
-pub(super) const CANCELS_MIN: usize = 100;
+const CANCELS_MIN: usize = 100;
 
 /// A request cancelled younger than this is a premature cancel (Envoy's minimum stream
 /// lifetime): a client giving up on a slow answer, or a long poll, is not counted.
-pub(super) const PREMATURE: Duration = Duration::from_secs(1);
+const PREMATURE: Duration = Duration::from_secs(1);
 
 impl Activity {
     pub(super) fn new(peer: SocketAddr) -> Arc<Activity> {
@@ -78,7 +77,6 @@ impl Activity {
             open: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
             stalls: Mutex::new(Vec::new()),
-            next_stall: AtomicU64::new(0),
             begun: AtomicUsize::new(0),
             cancelled: AtomicUsize::new(0),
             abusive: AtomicBool::new(false),
@@ -147,7 +145,6 @@ impl Activity {
 
 /// An answer waiting for its client to make room.
 struct Stall {
-    id: u64,
     since: Instant,
     answer: Arc<Mutex<Option<Live>>>,
 }
@@ -180,7 +177,7 @@ pub(super) fn track(res: Response<Body>, mut busy: Busy) -> Response<Body> {
         Tracked {
             answer: Arc::new(Mutex::new(Some(Live { body, busy }))),
             activity,
-            stalled: None,
+            stalled: false,
             ended: false,
         }
         .boxed()
@@ -197,16 +194,21 @@ struct Tracked {
     /// `None` once given up for a stall.
     answer: Arc<Mutex<Option<Live>>>,
     activity: Arc<Activity>,
-    /// Its entry in the connection's stalls: a frame went out and the next was not asked.
-    stalled: Option<u64>,
+    /// In the connection's stalls (found by `answer`): a frame went out and the next was not
+    /// asked.
+    stalled: bool,
     /// It gave its last frame (or an error): dropped before that, the client cancelled it.
     ended: bool,
 }
 
 impl Tracked {
     fn unstall(&mut self) {
-        if let Some(id) = self.stalled.take() {
-            self.activity.stalls.lock().retain(|s| s.id != id);
+        if std::mem::take(&mut self.stalled) {
+            let mine = &self.answer;
+            self.activity
+                .stalls
+                .lock()
+                .retain(|s| !Arc::ptr_eq(&s.answer, mine));
         }
     }
 }
@@ -233,14 +235,19 @@ impl HttpBody for Tracked {
         };
         if matches!(polled, Poll::Ready(Some(Ok(_)))) && !this.ended {
             drop(answer);
-            let id = this.activity.next_stall.fetch_add(1, Ordering::Relaxed);
-            this.activity.stalls.lock().push(Stall {
-                id,
-                since: Instant::now(),
-                answer: this.answer.clone(),
-            });
-            this.stalled = Some(id);
-            this.activity.reader.wake();
+            let first = {
+                let mut stalls = this.activity.stalls.lock();
+                stalls.push(Stall {
+                    since: Instant::now(),
+                    answer: this.answer.clone(),
+                });
+                stalls.len() == 1
+            };
+            this.stalled = true;
+            // Only a first stall moves the reader's deadline (a later one is younger).
+            if first {
+                this.activity.reader.wake();
+            }
         }
         polled
     }
