@@ -9,7 +9,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use support::redis::{key_slot, Conn, RedisCluster, RedisServer, Sentinel};
+use support::redis::{key_slot, Conn, RedisCluster, RedisServer, Sentinel, SilentRelay};
 use support::*;
 
 // ---------------------------------------------------------------------------------------
@@ -890,6 +890,188 @@ async fn paused_redis_never_holds_a_request_past_the_timeout() {
     })
     .await;
     assert!(ok, "no 429 after DEBUG SLEEP ended\n{}", log_of(&s));
+}
+
+/// Connections to Redis that go silent without closing (its peer gone behind a virtual IP, a
+/// NAT or firewall entry dropped: no reset, so the kernel keeps them open for minutes): the
+/// policy decides at first, each request within the timeout; once the breaker opens, the
+/// gateway drops those connections and opens new ones, and limiting resumes within SPEC §3's
+/// 2 s while Redis never stopped answering new connections.
+#[tokio::test]
+async fn connections_that_go_silent_are_replaced() {
+    let redis = RedisServer::start();
+    let relay = SilentRelay::start(redis.port);
+    let up = Upstream::start();
+    let yaml = format!(
+        "workers: 1\n{}",
+        config(
+            &format!(
+                "{{ url: \"{}\", timeout: 50ms, pool_size: 1 }}",
+                relay.url()
+            ),
+            "deny",
+            &up,
+            &[route(
+                "a",
+                "",
+                &["{ name: per-ip, by: ip, algorithm: sliding_log, rate: 1/1h }"],
+            )],
+        )
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    assert_eq!(
+        statuses(&c, &s, "/a", "10.2.0.1", 2).await,
+        [200, 429],
+        "{}",
+        log_of(&s)
+    );
+
+    assert!(relay.silence_open() >= 1, "no connection through the relay");
+    let silenced = Instant::now();
+    let t = Instant::now();
+    let first = hit(&c, &s, "/a", "10.2.0.2").await;
+    assert_eq!(first.status, 503, "{first:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "took {:?}",
+        t.elapsed()
+    );
+    let ok = eventually(Duration::from_secs(5), || async {
+        hit(&c, &s, "/a", "10.2.0.3").await.status == 200
+    })
+    .await;
+    assert!(
+        ok,
+        "limiting never resumed over new connections\n{}",
+        log_of(&s)
+    );
+    eprintln!(
+        "decided by Redis again {:?} after its connections went silent",
+        silenced.elapsed()
+    );
+    // Redis decides again, with the counts from before the silence.
+    assert_eq!(hit(&c, &s, "/a", "10.2.0.3").await.status, 429);
+    assert_eq!(hit(&c, &s, "/a", "10.2.0.1").await.status, 429);
+    assert!(
+        log_of(&s).contains("dropping them and connecting again"),
+        "{}",
+        log_of(&s)
+    );
+}
+
+/// A concurrency decision that timed out still runs once Redis resumes, and would take a slot
+/// no request holds until its lease ran out (here 30 s, locking the client out). The gateway
+/// releases such slots itself, and counts those release calls (and their timeouts) in the
+/// store metrics like every other store call.
+#[tokio::test]
+async fn a_timed_out_concurrency_decision_leaves_no_slot_held() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = format!(
+        "workers: 1\n{}",
+        config(
+            &standalone(&redis, "50ms", 1),
+            "deny",
+            &up,
+            &[route(
+                "c",
+                "",
+                &["{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }"],
+            )],
+        )
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let ip = "10.3.0.1";
+    assert_eq!(
+        statuses(&c, &s, "/c", ip, 2).await,
+        [200, 200],
+        "{}",
+        log_of(&s)
+    );
+
+    let m0 = s.metrics(&c).await;
+    let port = redis.port;
+    let sleeper =
+        tokio::task::spawn_blocking(move || Conn::connect(port).cmd(&["DEBUG", "SLEEP", "0.4"]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = hit(&c, &s, "/c", ip).await;
+    assert_eq!(r.status, 503, "decided while Redis slept? {r:?}");
+    assert_eq!(sleeper.await.unwrap().as_str(), "OK");
+
+    // The decision ran when Redis woke; the releases after it free its slot.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let members = redis.conn().cmd(&["KEYS", "*"]);
+    assert_eq!(
+        statuses(&c, &s, "/c", ip, 2).await,
+        [200, 200],
+        "the slot the timed-out decision took is still held (keys {members:?})\n{}",
+        log_of(&s)
+    );
+    // The decision and the first release timed out (both sent while Redis slept).
+    let m1 = s.metrics(&c).await;
+    let timeouts = |m: &str| store_errors(m, &["timeout"]);
+    assert!(
+        timeouts(&m1) - timeouts(&m0) >= 2.0,
+        "release calls are not counted:\n{m1}"
+    );
+}
+
+/// Redis answering every decision with an error (out of memory under `noeviction`): the
+/// breaker stays closed (Redis answers), each route follows its policy, the errors count as
+/// `script`, and the log names the cause; limiting resumes once Redis accepts writes again.
+#[tokio::test]
+async fn error_replies_follow_the_policy_and_are_logged() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let limit = "{ name: per-ip, by: ip, algorithm: token_bucket, rate: 5/1h }";
+    let yaml = config(
+        &standalone(&redis, "200ms", 2),
+        "allow",
+        &up,
+        &[
+            route("allow", "    on_store_error: allow\n", &[limit]),
+            route("deny", "    on_store_error: deny\n", &[limit]),
+        ],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let m0 = s.metrics(&c).await;
+    let mut conn = redis.conn();
+    conn.cmd_ok(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    conn.cmd_ok(&["CONFIG", "SET", "maxmemory", "1"]);
+
+    let d = hit(&c, &s, "/deny", "10.4.0.1").await;
+    assert_eq!(d.status, 503, "{d:?}");
+    assert!(d.text().contains("OOM"), "the 503 does not say why: {d:?}");
+    let a = hit(&c, &s, "/allow", "10.4.0.1").await;
+    assert!(
+        a.status == 200 && a.header("ratelimit").is_none(),
+        "/allow under OOM: {a:?}"
+    );
+    let m1 = s.metrics(&c).await;
+    assert!(
+        store_errors(&m1, &["script"]) - store_errors(&m0, &["script"]) >= 2.0,
+        "{m1}"
+    );
+    assert_eq!(outcome(&m1, "allow", "store_error_allowed"), 1.0, "{m1}");
+    assert_eq!(readyz(&c, &s).await, 200, "PING still answers: ready");
+    let log = log_of(&s);
+    assert!(
+        log.contains("redis answers decisions with an error") && log.contains("OOM"),
+        "the log does not name the error replies:\n{log}"
+    );
+
+    conn.cmd_ok(&["CONFIG", "SET", "maxmemory", "0"]);
+    let r = hit(&c, &s, "/deny", "10.4.0.1").await;
+    assert!(
+        r.status == 200 && r.header("ratelimit").is_some(),
+        "not decided by Redis once it accepts writes: {r:?}"
+    );
 }
 
 /// Startup without Redis: the gateway serves per policy, is not ready, `check --connect`

@@ -83,6 +83,9 @@ pub struct After {
     pub owed: Vec<(usize, LimitCall)>,
     /// (limit index, its call), for each slot taken.
     pub leases: Vec<(usize, LimitCall)>,
+    /// Release calls for the slots a failed store call may still take when it runs (see
+    /// [`super::settle::release_orphans`]).
+    pub orphans: Vec<LimitCall>,
 }
 
 /// One store round trip: how long it took, and how it failed.
@@ -317,6 +320,7 @@ pub async fn decide(
     };
     let mut passes_as = allowed_as;
     let mut local = false;
+    let mut orphans = Vec::new();
     let decisions = match result {
         Ok(d) => {
             adm.store = Some(call);
@@ -346,21 +350,39 @@ pub async fn decide(
         Err(e) => {
             call.error = Some(e.clone());
             adm.store = Some(call);
-            let errors = which.iter().map(|&i| (i, DecisionLabel::Error));
-            match route.on_store_error {
-                OnError::Allow => {
-                    adm.decisions.extend(errors);
-                    return (adm, Verdict::Pass(error_allowed_as));
+            // A call that was sent may still run when Redis reads it: free the slots it would
+            // take. (Nothing passes an open breaker.)
+            let sent = e != StoreError::BreakerOpen;
+            orphans = calls
+                .iter()
+                .filter(|c| sent && c.params.algorithm == Algorithm::Concurrency)
+                .filter(|c| c.op == Op::Decide)
+                .map(|c| LimitCall {
+                    op: Op::Release,
+                    ..c.clone()
+                })
+                .collect();
+            if route.on_store_error == OnError::Local {
+                passes_as = error_allowed_as;
+                local = true;
+                stores.local.decide_as(&calls, id)
+            } else {
+                let verdict = match route.on_store_error {
+                    OnError::Deny => Verdict::Refuse(GatewayError::StoreUnavailable(e)),
+                    _ => Verdict::Pass(error_allowed_as),
+                };
+                adm.decisions
+                    .extend(which.iter().map(|&i| (i, DecisionLabel::Error)));
+                if !orphans.is_empty() {
+                    adm.after = Some(Box::new(After {
+                        id,
+                        local: false,
+                        owed: Vec::new(),
+                        leases: Vec::new(),
+                        orphans,
+                    }));
                 }
-                OnError::Deny => {
-                    adm.decisions.extend(errors);
-                    return (adm, Verdict::Refuse(GatewayError::StoreUnavailable(e)));
-                }
-                OnError::Local => {
-                    passes_as = error_allowed_as;
-                    local = true;
-                    stores.local.decide_as(&calls, id)
-                }
+                return (adm, verdict);
             }
         }
     };
@@ -420,6 +442,7 @@ pub async fn decide(
         local,
         owed: Vec::new(),
         leases: Vec::new(),
+        orphans,
     };
     for ((c, d), &i) in calls.into_iter().zip(&decisions).zip(&which) {
         match route.limits[i].charge {
@@ -428,7 +451,7 @@ pub async fn decide(
             _ => {}
         }
     }
-    if !after.owed.is_empty() || !after.leases.is_empty() {
+    if !after.owed.is_empty() || !after.leases.is_empty() || !after.orphans.is_empty() {
         adm.after = Some(Box::new(after));
     }
     (adm, Verdict::Pass(passes_as))

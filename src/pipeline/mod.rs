@@ -257,6 +257,11 @@ impl Gateway {
         } else {
             self.store.clone()
         };
+        if !after.orphans.is_empty() {
+            let orphans = std::mem::take(&mut after.orphans);
+            let metrics = self.store_metrics.clone();
+            settle::release_orphans(self.store.clone(), metrics, orphans, after.id);
+        }
         let route = ctx.route.unwrap_or_default();
         if !after.owed.is_empty() {
             let owed = std::mem::take(&mut after.owed);
@@ -281,6 +286,7 @@ impl Gateway {
                 .map(|(_, c)| c);
             ctx.leases = Some(Box::new(settle::Leases::hold(
                 store,
+                self.store_metrics.clone(),
                 calls.collect(),
                 after.id,
                 gauges,

@@ -22,7 +22,7 @@ use prometheus::IntGauge;
 
 use super::live::Live;
 use crate::limiter::algo::{Decision, Op};
-use crate::limiter::store::{LimitCall, Store};
+use crate::limiter::store::{next_id, LimitCall, Store, StoreError};
 use crate::model::limit::Charge;
 use crate::telemetry::metrics::StoreMetrics;
 
@@ -165,10 +165,7 @@ async fn charge(
     if calls.is_empty() {
         return Vec::new();
     }
-    let started = Instant::now();
-    let result = store.decide(&calls).await;
-    let failed = result.as_ref().err();
-    metrics.call(started.elapsed().as_secs_f64(), failed.map(|e| e.kind()));
+    let result = measured(store, metrics, &calls, next_id()).await;
     let handles = &live.routes[route];
     match result {
         Ok(decisions) => {
@@ -185,9 +182,45 @@ async fn charge(
     }
 }
 
+/// A store call made after the request's decision (a charge, a release, a renewal), counted
+/// in the store's metrics like the decision itself.
+async fn measured(
+    store: &Store,
+    metrics: &StoreMetrics,
+    calls: &[LimitCall],
+    id: u64,
+) -> Result<Vec<Decision>, StoreError> {
+    let started = Instant::now();
+    let result = store.decide_as(calls, id).await;
+    let failed = result.as_ref().err();
+    metrics.call(started.elapsed().as_secs_f64(), failed.map(|e| e.kind()));
+    result
+}
+
+/// Free the slots a failed decision call (`id`) may still take: one that timed out, or whose
+/// reply was lost, still runs when Redis reads it, and its slots would then be held by no
+/// request until their lease ran out. A release of a slot never taken changes nothing. It is
+/// sent at once and once more after [`ORPHAN_RECHECK`]: Redis runs a stalled connection's
+/// calls in no set order against the others' once it resumes, so the first release may run
+/// before the decision. A stall longer than that leaves them to their lease.
+pub fn release_orphans(store: Store, metrics: StoreMetrics, calls: Vec<LimitCall>, id: u64) {
+    spawn(async move {
+        for wait in [Duration::ZERO, ORPHAN_RECHECK] {
+            tokio::time::sleep(wait).await;
+            if let Err(e) = measured(&store, &metrics, &calls, id).await {
+                tracing::warn!(error = %e, "freeing the slots of a failed decision failed; their lease ends them");
+            }
+        }
+    });
+}
+
+/// When the slots of a failed decision are released the second time.
+pub const ORPHAN_RECHECK: Duration = Duration::from_secs(1);
+
 /// The concurrency slots one admitted request holds, freed when this is dropped.
 pub struct Leases {
     store: Store,
+    metrics: StoreMetrics,
     /// Release calls, one per slot.
     calls: Arc<[LimitCall]>,
     id: u64,
@@ -198,7 +231,13 @@ pub struct Leases {
 impl Leases {
     /// Hold the slots `calls` took as call `id`, counted in `gauges`; renewed every half of
     /// the shortest lease until dropped.
-    pub fn hold(store: Store, calls: Vec<LimitCall>, id: u64, gauges: Vec<IntGauge>) -> Leases {
+    pub fn hold(
+        store: Store,
+        metrics: StoreMetrics,
+        calls: Vec<LimitCall>,
+        id: u64,
+        gauges: Vec<IntGauge>,
+    ) -> Leases {
         for g in &gauges {
             g.inc();
         }
@@ -209,9 +248,10 @@ impl Leases {
                 ..c
             })
             .collect();
-        Renewer::get().add(id, &store, &calls);
+        Renewer::get().add(id, &store, &metrics, &calls);
         Leases {
             store,
+            metrics,
             calls,
             id,
             gauges,
@@ -248,9 +288,9 @@ impl Leases {
                 None
             }
             store => {
-                let store = store.clone();
+                let (store, metrics) = (store.clone(), self.metrics.clone());
                 Some(async move {
-                    if let Err(e) = store.decide_as(&calls, id).await {
+                    if let Err(e) = measured(&store, &metrics, &calls, id).await {
                         tracing::warn!(error = %e, "releasing concurrency leases failed");
                     }
                 })
@@ -277,6 +317,7 @@ struct Renewer {
 
 struct Held {
     store: Store,
+    metrics: StoreMetrics,
     calls: Arc<[LimitCall]>,
     every: Duration,
     renewed: Instant,
@@ -296,10 +337,11 @@ impl Renewer {
         })
     }
 
-    fn add(&self, id: u64, store: &Store, calls: &Arc<[LimitCall]>) {
+    fn add(&self, id: u64, store: &Store, metrics: &StoreMetrics, calls: &Arc<[LimitCall]>) {
         let lease = calls.iter().map(|c| c.params.window_us).min().unwrap_or(0);
         let held = Held {
             store: store.clone(),
+            metrics: metrics.clone(),
             calls: calls.clone(),
             every: Duration::from_micros(lease / 2),
             renewed: Instant::now(),
@@ -317,7 +359,7 @@ impl Renewer {
         loop {
             tick.tick().await;
             let now = Instant::now();
-            let due: Vec<(u64, Store, Vec<LimitCall>)> = {
+            let due: Vec<(u64, Store, StoreMetrics, Vec<LimitCall>)> = {
                 let mut held = Renewer::get().held.lock();
                 held.iter_mut()
                     .filter(|(_, h)| now.duration_since(h.renewed) >= h.every)
@@ -327,13 +369,13 @@ impl Renewer {
                             op: Op::Renew,
                             ..c.clone()
                         });
-                        (*id, h.store.clone(), renew.collect())
+                        (*id, h.store.clone(), h.metrics.clone(), renew.collect())
                     })
                     .collect()
             };
-            for (id, store, calls) in due {
+            for (id, store, metrics, calls) in due {
                 spawn(async move {
-                    if let Err(e) = store.decide_as(&calls, id).await {
+                    if let Err(e) = measured(&store, &metrics, &calls, id).await {
                         tracing::warn!(error = %e, "renewing concurrency leases failed");
                     }
                 });

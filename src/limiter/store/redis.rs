@@ -21,7 +21,9 @@
 //!   does not exist, and after `SCRIPT FLUSH`, a restart or a failover EVALSHA answers
 //!   NOSCRIPT: nothing ran, so the library is loaded again and the same call sent once more
 //!   (as EVAL for a script, which also caches it again);
-//! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second.
+//! - a [`Breaker`] fails fast while Redis keeps failing and probes it twice a second;
+//! - connections whose calls time out while it is open are dropped and opened again
+//!   (`Lane::record`): a peer that vanished without a reset leaves them open for minutes.
 //!
 //! On Redis Cluster a call is routed by its declared keys, which must share one slot. Each
 //! key's hash tag is the hash of its identity, so the limits of one request on the same
@@ -39,7 +41,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fred::prelude::*;
 use fred::types::config::Server;
@@ -49,7 +51,7 @@ use fred::types::{ClusterHash, CustomCommand};
 use futures_util::future::{join_all, try_join_all};
 
 use super::batch::{self, Job};
-use super::breaker::Breaker;
+use super::breaker::{Breaker, PROBE_EVERY};
 use super::{scripts, LimitCall, Peek, StoreError};
 use crate::limiter::algo::{Algorithm, Decision, Op};
 use crate::model::policy::RedisMode;
@@ -96,6 +98,23 @@ struct Lane {
     /// connection, a TLS failure): what "not connected" is told with, so that an operator is
     /// pointed at the credentials rather than the network.
     last_error: Arc<parking_lot::Mutex<Option<String>>>,
+    /// When its connections were last dropped and opened again for timing out, and when an
+    /// error reply was last logged (see [`Lane::record`]).
+    recycled: parking_lot::Mutex<Option<Instant>>,
+    script_error_logged: parking_lot::Mutex<Option<Instant>>,
+}
+
+/// How often a lane logs that Redis answers its calls with errors, at most.
+const SCRIPT_ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// True at most once per `every`, as recorded in `last`.
+fn once_per(last: &parking_lot::Mutex<Option<Instant>>, every: Duration) -> bool {
+    let mut last = last.lock();
+    if last.is_some_and(|t| t.elapsed() < every) {
+        return false;
+    }
+    *last = Some(Instant::now());
+    true
 }
 
 impl Lane {
@@ -128,7 +147,48 @@ impl Lane {
             ever_connected: AtomicBool::new(false),
             breaker: Breaker::default(),
             last_error,
+            recycled: parking_lot::Mutex::new(None),
+            script_error_logged: parking_lot::Mutex::new(None),
         })
+    }
+
+    /// Tell the breaker how a call went. A call that timed out while the breaker is open (the
+    /// run that opened it, or a probe) also drops the lane's connections and opens new ones,
+    /// at most once per [`PROBE_EVERY`]: a connection whose peer vanished without a reset (a
+    /// failover behind a virtual IP, a NAT or firewall entry dropped) stays connected until the
+    /// kernel gives up retransmitting, about 15 minutes, and every probe sent down it would
+    /// time out too, while a new connection answers at once. Nothing is sent twice: what was
+    /// in flight on the old connections had already timed out, and fred retries no command
+    /// (one attempt each).
+    ///
+    /// An error reply (out of memory under `noeviction`, `READONLY` from a demoted primary, an
+    /// ACL refusal) keeps the breaker closed, since Redis answered, but every decision it
+    /// fails follows `on_error`: it is logged, at most once per [`SCRIPT_ERROR_LOG_EVERY`],
+    /// so that the cause is named somewhere besides a metric.
+    fn record(&self, r: &Result<(), StoreError>) {
+        self.breaker.record(r);
+        match r {
+            Err(StoreError::Timeout) if self.breaker.is_open() => {}
+            Err(StoreError::Script(e)) => {
+                if once_per(&self.script_error_logged, SCRIPT_ERROR_LOG_EVERY) {
+                    tracing::warn!(error = %e, "redis answers decisions with an error; they follow on_error");
+                }
+                return;
+            }
+            _ => return,
+        }
+        if !once_per(&self.recycled, PROBE_EVERY) {
+            return;
+        }
+        tracing::warn!(
+            "store calls time out on open connections: dropping them and connecting again"
+        );
+        let pool = self.pool.clone();
+        tokio::spawn(async move {
+            if let Err(e) = pool.force_reconnection().await {
+                tracing::debug!(error = %e, "reconnecting to redis failed; fred keeps trying");
+            }
+        });
     }
 
     /// Why it is not connected, with the last error its connections reported.
@@ -821,7 +881,7 @@ impl RedisStore {
         let r = tokio::time::timeout(self.timeout, fut)
             .await
             .unwrap_or(Err(StoreError::Timeout));
-        breaker.record(&r.as_ref().map(|_| ()).map_err(Clone::clone));
+        lane.record(&r.as_ref().map(|_| ()).map_err(Clone::clone));
         r
     }
 
@@ -871,7 +931,7 @@ impl RedisStore {
                 let r = tokio::time::timeout(self.timeout, self.ping_lane(lane))
                     .await
                     .unwrap_or(Err(StoreError::Timeout));
-                lane.breaker.record(&r);
+                lane.record(&r);
                 r.map_err(|e| match e {
                     StoreError::Connection(why) => {
                         StoreError::Connection(format!("worker {worker}: {why}"))

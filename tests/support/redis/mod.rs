@@ -10,11 +10,13 @@
 //! - `server`: a standalone [`RedisServer`].
 //! - `cluster`: key slots ([`key_slot`]) and a three-primary [`RedisCluster`].
 //! - `sentinel`: a master plus one sentinel ([`Sentinel`]).
+//! - `relay`: a TCP relay whose connections can go silent without closing ([`SilentRelay`]).
 //!
 //! The public names are re-exported here, so tests write `support::redis::{Conn, ...}`.
 
 mod cluster;
 mod process;
+mod relay;
 mod resp;
 mod sentinel;
 mod server;
@@ -24,6 +26,8 @@ use std::sync::OnceLock;
 // Every test crate uses its own subset of these.
 #[allow(unused_imports)]
 pub use cluster::{crc16, key_slot, RedisCluster};
+#[allow(unused_imports)]
+pub use relay::SilentRelay;
 #[allow(unused_imports)]
 pub use resp::{info_field, Conn, Resp};
 #[allow(unused_imports)]
