@@ -3,9 +3,10 @@
 
 mod support;
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::*;
 
@@ -215,6 +216,56 @@ async fn bad_edit_keeps_the_old_config_until_fixed() {
         admitted(&s, 4).await,
         2,
         "5 per hour, 3 already used: the counter survived"
+    );
+}
+
+/// A writer that truncates the file and writes it in parts with a pause between them (a
+/// script, `cat > sluice.yaml` from a slow pipe): what it wrote first is a valid config that
+/// lacks the catch-all route. The reload waits for the writer to close the file: the old
+/// config serves meanwhile, then the whole new one.
+#[tokio::test]
+async fn a_file_written_in_parts_is_read_once_closed() {
+    let up = Upstream::start();
+    let yaml = |rate: &str| {
+        format!(
+            "upstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: /api }}\n    upstream: up\n    limits:\n      - {{ name: per-ip, by: ip, algorithm: fixed_window, rate: {rate} }}\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n",
+            up.url()
+        )
+    };
+    let s = Sluice::start(&yaml("100/1h"));
+    let text = config_text(&yaml("99/1h"), s.addr, s.admin_listen);
+    let cut = text.find("  - name: all").expect("the catch-all route");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(&s.config_path)
+        .unwrap();
+    f.write_all(&text.as_bytes()[..cut]).unwrap();
+    f.flush().unwrap();
+
+    let c = client();
+    let until = Instant::now() + Duration::from_millis(800);
+    while Instant::now() < until {
+        let r = get(&c, &s.url("/plain"), &[]).await;
+        assert_eq!(r.status, 200, "the half-written config was served: {r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        s.reloads("success").await + s.reloads("error").await,
+        0.0,
+        "reloaded before the writer closed the file\n{}",
+        s.log()
+    );
+
+    f.write_all(&text.as_bytes()[cut..]).unwrap();
+    drop(f);
+    s.wait_reloads("success", 1.0).await;
+    assert_eq!(get(&c, &s.url("/plain"), &[]).await.status, 200);
+    let r = get(&c, &s.url("/api"), &[]).await;
+    assert_eq!(
+        r.header("ratelimit-policy"),
+        Some("\"api/per-ip\";q=99;w=3600"),
+        "{r:?}"
     );
 }
 

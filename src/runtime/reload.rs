@@ -3,10 +3,13 @@
 //! validates and compiles off the request path, then swaps the table in one atomic store.
 //! A bad file changes nothing.
 
+use std::collections::HashSet;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 
@@ -266,12 +269,14 @@ fn watch_dirs(gw: &Runtime, files: &[PathBuf]) {
 /// Watch the config file's directory (and those of the certificates it names) and SIGHUP;
 /// reload on either until the process ends.
 pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut watcher = notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
-        if ev.is_ok_and(|e| !e.kind.is_access()) {
-            let _ = tx.send(());
-        }
-    })?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<notify::Event>();
+    let mut watcher =
+        notify::recommended_watcher(move |ev: notify::Result<notify::Event>| match ev {
+            Ok(e) if !e.kind.is_access() || closed_after_writing(&e.kind) => {
+                let _ = tx.send(e);
+            }
+            _ => {}
+        })?;
     for dir in chain_dirs(&gw.config_path) {
         watcher.watch(&dir, RecursiveMode::NonRecursive)?;
     }
@@ -280,10 +285,23 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
     watch_dirs(&gw, &files);
     let file_gw = gw.clone();
     tokio::spawn(async move {
-        while rx.recv().await.is_some() {
-            // Let a burst of events (write, chmod, rename) settle, then look once.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            while rx.try_recv().is_ok() {}
+        let mut writes = Writes::default();
+        while let Some(ev) = rx.recv().await {
+            let names = watched_names(&file_gw);
+            writes.note(&ev, &names);
+            // Let a burst of events (write, chmod, rename) settle, and a file being written in
+            // place be closed by its writer, then look once.
+            let first = Instant::now();
+            loop {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                while let Ok(ev) = rx.try_recv() {
+                    writes.note(&ev, &names);
+                }
+                if writes.open.is_empty() || first.elapsed() >= WRITE_WAIT {
+                    break;
+                }
+            }
+            writes.open.clear();
             let gw = file_gw.clone();
             let _ = tokio::task::spawn_blocking(move || reload(&gw, Trigger::File)).await;
         }
@@ -298,6 +316,62 @@ pub fn spawn_watchers(gw: Arc<Runtime>) -> notify::Result<()> {
         }
     });
     Ok(())
+}
+
+/// How long a file event waits, at most, for a file the config reads that is being written in
+/// place to be closed by its writer.
+const WRITE_WAIT: Duration = Duration::from_secs(5);
+
+/// inotify's "closed after writing" (`IN_CLOSE_WRITE`).
+fn closed_after_writing(kind: &EventKind) -> bool {
+    matches!(
+        kind,
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+    )
+}
+
+/// The files the config reads that a writer has open: written to (`IN_MODIFY`) and not yet
+/// closed. A writer that truncates the file and writes it in parts (`cat > sluice.yaml`, an
+/// editor saving in place, a script) can pause between them, and what it wrote so far may be
+/// a valid config that lacks its last routes: a reload waits for the close. Rename-over and
+/// symlink swaps write nothing in place and are looked at as before.
+#[derive(Default)]
+struct Writes {
+    open: HashSet<PathBuf>,
+}
+
+impl Writes {
+    /// Take `ev` into account; `names` are the file names of the files the config reads (a
+    /// log written beside the config in its directory holds up nothing).
+    fn note(&mut self, ev: &notify::Event, names: &[OsString]) {
+        let ours = ev
+            .paths
+            .iter()
+            .filter(|p| p.file_name().is_some_and(|n| names.iter().any(|m| m == n)));
+        for p in ours {
+            match ev.kind {
+                EventKind::Modify(ModifyKind::Data(_)) => {
+                    self.open.insert(p.clone());
+                }
+                EventKind::Modify(ModifyKind::Name(_)) | EventKind::Remove(_) => {
+                    self.open.remove(p);
+                }
+                kind if closed_after_writing(&kind) => {
+                    self.open.remove(p);
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// The file names of the config and of the files it reads.
+fn watched_names(gw: &Runtime) -> Vec<OsString> {
+    let seen = gw.last_seen.lock();
+    std::iter::once(gw.config_path.as_path())
+        .chain(seen.files.iter().map(PathBuf::as_path))
+        .filter_map(|p| p.file_name().map(OsString::from))
+        .collect()
 }
 
 /// The directories to watch for `path`: its own, and those of every link it resolves
@@ -323,5 +397,63 @@ fn watch_dir(path: &Path) -> PathBuf {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{CreateKind, DataChange, RenameMode};
+
+    use super::*;
+
+    fn event(kind: EventKind, path: &str) -> notify::Event {
+        notify::Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    const WRITE: EventKind = EventKind::Modify(ModifyKind::Data(DataChange::Any));
+    const CLOSE: EventKind = EventKind::Access(AccessKind::Close(AccessMode::Write));
+
+    #[test]
+    fn a_file_the_config_reads_is_open_from_its_first_write_to_its_close() {
+        let names = [OsString::from("sluice.yaml"), OsString::from("tls.pem")];
+        let mut w = Writes::default();
+        w.note(&event(WRITE, "/etc/sluice/sluice.yaml"), &names);
+        w.note(&event(WRITE, "/etc/tls/tls.pem"), &names);
+        assert_eq!(w.open.len(), 2);
+        w.note(&event(CLOSE, "/etc/sluice/sluice.yaml"), &names);
+        assert_eq!(w.open.len(), 1, "the certificate is still being written");
+        w.note(
+            &event(
+                EventKind::Remove(notify::event::RemoveKind::File),
+                "/etc/tls/tls.pem",
+            ),
+            &names,
+        );
+        assert!(w.open.is_empty(), "a removed file is written no more");
+    }
+
+    #[test]
+    fn other_files_and_other_events_hold_nothing_up() {
+        let names = [OsString::from("sluice.yaml")];
+        let mut w = Writes::default();
+        // A log appended beside the config, an editor's swap file, a rename-over, a new file.
+        w.note(&event(WRITE, "/etc/sluice/access.log"), &names);
+        w.note(&event(WRITE, "/etc/sluice/.sluice.yaml.swp"), &names);
+        w.note(
+            &event(
+                EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+                "/etc/sluice/sluice.yaml",
+            ),
+            &names,
+        );
+        w.note(
+            &event(
+                EventKind::Create(CreateKind::File),
+                "/etc/sluice/sluice.yaml",
+            ),
+            &names,
+        );
+        assert!(w.open.is_empty(), "{:?}", w.open);
+        assert!(closed_after_writing(&CLOSE) && !closed_after_writing(&WRITE));
     }
 }

@@ -71,7 +71,7 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
 /// The config file for `yaml`: `listen` (the cleartext `addr`) and `admin_listen` are added,
 /// unless `yaml` starts with its own `listen:` list, where `{ADDR}` names `addr` (the
 /// listener the harness waits for).
-fn config_text(yaml: &str, addr: SocketAddr, admin_listen: SocketAddr) -> String {
+pub fn config_text(yaml: &str, addr: SocketAddr, admin_listen: SocketAddr) -> String {
     if yaml.starts_with("listen:") {
         format!(
             "admin_listen: {admin_listen}\n{}",
