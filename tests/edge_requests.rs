@@ -463,6 +463,11 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
             200,
         ),
         ("cl-differ", "HTTP/1.1 200 OK\r\nContent-Length: 2, 3\r\n\r\nok", 502),
+        // Heads the HTTP/1 parser cannot read: the upstream answered, wrongly.
+        ("status-099", "HTTP/1.1 099 Odd\r\nContent-Length: 2\r\n\r\nok", 502),
+        ("nul-field", "HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 2\r\n\r\nok", 502),
+        ("cl-sign", "HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nok", 502),
+        ("space-colon", "HTTP/1.1 200 OK\r\nX-A : b\r\nContent-Length: 2\r\n\r\nok", 502),
     ];
     let mut yaml = String::from("upstreams:\n");
     for (name, answer, _) in &cases {
@@ -485,10 +490,14 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
         let text = ex.text();
         assert!(text.starts_with("HTTP/1.1 "), "{name}: {text}");
         if want == 502 {
-            assert_eq!(
-                ex.one().json()["status"],
-                502,
-                "{name}: problem+json: {text}"
+            let problem = ex.one().json();
+            assert_eq!(problem["status"], 502, "{name}: problem+json: {text}");
+            // An answer came: refused, not "unreachable".
+            assert!(
+                problem["detail"]
+                    .as_str()
+                    .is_some_and(|d| d.starts_with("upstream answer refused")),
+                "{name}: {text}"
             );
         } else {
             assert!(text.ends_with("\r\n\r\nok"), "{name}: {text}");

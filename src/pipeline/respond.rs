@@ -108,6 +108,9 @@ impl GatewayError {
         match self {
             GatewayError::Upstream(ForwardError::Unreachable(_)) => "upstream unreachable".into(),
             GatewayError::Upstream(ForwardError::Timeout(_)) => "upstream timed out".into(),
+            GatewayError::Upstream(ForwardError::Unreadable(_)) => {
+                "upstream answer refused: its head could not be parsed".into()
+            }
             _ => self.to_string(),
         }
     }

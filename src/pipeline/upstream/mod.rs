@@ -39,6 +39,10 @@ pub enum ForwardError {
     /// upstream meant it: 502 (as nginx answers).
     #[error("upstream answer refused: {0}")]
     BadAnswer(&'static str),
+    /// An answer head the HTTP/1 parser could not read (a bad status line or field, too
+    /// large, too many fields): 502. The upstream was reached; it answered wrong.
+    #[error("upstream answer refused: {0}")]
+    Unreadable(String),
     /// The client's own body broke off or could not be decoded (a bad chunk size, say) before
     /// the upstream answered: 400, and the client's connection is closed.
     #[error("the request body could not be read: {0}")]
@@ -245,7 +249,7 @@ impl Upstream {
 }
 
 /// A connection to `target` that failed after the request went out: 504 if a read or write
-/// timed out, else 502.
+/// timed out, else 502 (an answer that could not be parsed, or none).
 fn classify(e: &hyper::Error, target: &str) -> ForwardError {
     let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
     let mut timed_out = false;
@@ -258,6 +262,8 @@ fn classify(e: &hyper::Error, target: &str) -> ForwardError {
     let what = format!("{target}: {}", chain(e));
     if timed_out {
         ForwardError::Timeout(what)
+    } else if e.is_parse() || e.is_parse_status() || e.is_parse_too_large() {
+        ForwardError::Unreadable(what)
     } else {
         ForwardError::Unreachable(what)
     }
