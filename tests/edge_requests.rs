@@ -511,6 +511,72 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
     }
 }
 
+/// An upstream that answers at once without reading the request's body and keeps its socket
+/// open (a 413 or a 401 from a handler that ignores the body): the client gets the answer and
+/// then its connection is closed. Before, the upstream connection went on writing the body
+/// into a full window forever, and the client's upload stalled with it, its connection held.
+#[test]
+fn an_answer_before_the_body_was_read_frees_the_client() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = held.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut head = Vec::new();
+            let mut byte = [0; 1];
+            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                head.push(byte[0]);
+            }
+            let _ =
+                conn.write_all(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 2\r\n\r\nno");
+            // Never read again, never close.
+            keep.lock().unwrap().push(conn);
+        }
+    });
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [\"http://{addr}\"] }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: up }}\n"
+    ));
+    let mut c = TcpStream::connect(s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let total: usize = 256 << 20;
+    c.write_all(
+        format!("POST /upload HTTP/1.1\r\nHost: x\r\nContent-Length: {total}\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut w = c.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b'a'; 64 << 10];
+        let mut sent = 0;
+        while sent < total {
+            match w.write(&chunk) {
+                Ok(n) => sent += n,
+                Err(_) => break,
+            }
+        }
+        sent
+    });
+    let started = Instant::now();
+    let mut answer = Vec::new();
+    let read = c.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    // Closed (a reset when the gateway leaves unread upload bytes behind), not timed out.
+    assert!(
+        read.as_ref().map_or_else(
+            |e| e.kind() == std::io::ErrorKind::ConnectionReset,
+            |_| true
+        ),
+        "the connection was held open after the answer ({:?}): {read:?} {text:?}",
+        started.elapsed()
+    );
+    assert!(text.starts_with("HTTP/1.1 413 "), "{text:?}");
+    assert!(text.ends_with("\r\n\r\nno"), "{text:?}");
+    let sent = writer.join().unwrap();
+    assert!(sent < total, "the whole upload went through ({sent} bytes)");
+    assert_eq!(held.lock().unwrap().len(), 1, "one upstream connection");
+}
+
 /// A client that leaves before its answer: hyper drops the request's future, and the request
 /// is still one access-log event (status 499, nginx's "client closed request") and one count,
 /// since the upstream ran it.

@@ -158,6 +158,7 @@ impl Upstream {
             Arc::new(Slot {
                 body: Mutex::new(Some(body)),
                 failed: AtomicBool::new(false),
+                ended: AtomicBool::new(false),
             })
         });
         // A GET or HEAD body of unknown length (chunked, or HTTP/2 DATA without a length):
@@ -286,6 +287,8 @@ struct Slot {
     body: Mutex<Option<Incoming>>,
     /// Reading the client's body failed: the request's fault, not the upstream's.
     failed: AtomicBool,
+    /// The whole body was handed to the upstream connection (see [`pool::Streamed`]).
+    ended: AtomicBool,
 }
 
 /// The client's request body, shared so that a connection refused before the body was read
@@ -294,6 +297,14 @@ struct Slot {
 pub struct ReplayBody {
     slot: Option<Arc<Slot>>,
     inner: Option<Incoming>,
+}
+
+impl ReplayBody {
+    /// Whether the whole body has been handed to the upstream connection (no body: it has).
+    fn ended(slot: &Option<Arc<Slot>>) -> bool {
+        slot.as_ref()
+            .is_none_or(|s| s.ended.load(Ordering::Acquire))
+    }
 }
 
 impl HttpBody for ReplayBody {
@@ -315,8 +326,13 @@ impl HttpBody for ReplayBody {
             Some(b) => Pin::new(b).poll_frame(cx),
             None => Poll::Ready(None),
         };
-        if let Poll::Ready(Some(Err(_))) = &polled {
-            slot.failed.store(true, Ordering::Release);
+        match &polled {
+            Poll::Ready(Some(Err(_))) => slot.failed.store(true, Ordering::Release),
+            Poll::Ready(None) => slot.ended.store(true, Ordering::Release),
+            Poll::Ready(Some(Ok(_))) if this.inner.as_ref().is_some_and(|b| b.is_end_stream()) => {
+                slot.ended.store(true, Ordering::Release)
+            }
+            _ => {}
         }
         polled
     }

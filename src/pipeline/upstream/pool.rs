@@ -39,7 +39,8 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
-use super::ReplayBody;
+use super::{ReplayBody, Slot};
+use tokio::task::AbortHandle;
 
 /// How long an unused connection is kept (hyper-util's default, kept when the gateway moved
 /// to its own pool). Older ones are closed when their target's list is next touched.
@@ -127,6 +128,7 @@ type IdleList = Mutex<Vec<Idle>>;
 
 struct Idle {
     send: SendRequest<ReplayBody>,
+    task: AbortHandle,
     since: Instant,
 }
 
@@ -155,9 +157,10 @@ impl Pool {
         mut req: Request<ReplayBody>,
         now: Instant,
     ) -> Result<Response<Streamed>, SendError> {
-        while let Some(mut send) = self.checkout(target, now) {
+        while let Some((mut send, task)) = self.checkout(target, now) {
+            let body = req.body().slot.clone();
             match send.try_send_request(req).await {
-                Ok(res) => return Ok(self.lend(target, res, send)),
+                Ok(res) => return Ok(self.lend(target, res, send, task, body)),
                 // Not sent: the connection was closing. Another one gets it.
                 Err(mut e) => match e.take_message() {
                     Some(r) => req = r,
@@ -181,21 +184,26 @@ impl Pool {
             .handshake(TokioIo::new(io))
             .await
             .map_err(SendError::Http)?;
-        tokio::spawn(conn.with_upgrades());
+        let task = tokio::spawn(conn.with_upgrades()).abort_handle();
+        let body = req.body().slot.clone();
         match send.send_request(req).await {
-            Ok(res) => Ok(self.lend(target, res, send)),
+            Ok(res) => Ok(self.lend(target, res, send, task, body)),
             Err(e) => Err(SendError::Http(e)),
         }
     }
 
     /// This worker's most recently used connection of `target` that is ready for a request,
     /// dropping those that are not (and those idle longer than [`IDLE_TIMEOUT`] at `now`).
-    fn checkout(&self, target: usize, now: Instant) -> Option<SendRequest<ReplayBody>> {
+    fn checkout(
+        &self,
+        target: usize,
+        now: Instant,
+    ) -> Option<(SendRequest<ReplayBody>, AbortHandle)> {
         let mut list = self.idle(target, crate::worker::index()).lock();
         prune(&mut list, now);
         while let Some(idle) = list.pop() {
             if idle.send.is_ready() {
-                return Some(idle.send);
+                return Some((idle.send, idle.task));
             }
         }
         None
@@ -206,12 +214,16 @@ impl Pool {
         target: usize,
         res: Response<Incoming>,
         send: SendRequest<ReplayBody>,
+        task: AbortHandle,
+        body: Option<Arc<Slot>>,
     ) -> Response<Streamed> {
         let upgraded = res.status() == http::StatusCode::SWITCHING_PROTOCOLS;
         let lent = (!upgraded).then(|| Lent {
             pool: self.clone(),
             target,
             send,
+            task,
+            body,
             worker: crate::worker::index(),
         });
         res.map(|body| Streamed { body, lent })
@@ -228,6 +240,10 @@ struct Lent {
     pool: Arc<Pool>,
     target: usize,
     send: SendRequest<ReplayBody>,
+    /// The connection's task, which writes the request's body.
+    task: AbortHandle,
+    /// The request's body, `None` without one.
+    body: Option<Arc<Slot>>,
     /// Whose idle list it goes back to.
     worker: usize,
 }
@@ -254,8 +270,17 @@ impl HttpBody for Streamed {
 
 impl Drop for Streamed {
     fn drop(&mut self) {
-        // A body dropped before its end leaves the connection mid-answer: it closes.
         let Some(lent) = self.lent.take() else { return };
+        // The answer is over (or given up) while the request's body is still going out: an
+        // upstream that answered without reading it (a 413, a 401, a handler that ignores
+        // it) would hold the connection writing forever, and through it the client's, whose
+        // upload stalls. The connection is closed; the client's then closes after its answer
+        // (nginx too stops sending a body once the answer is in).
+        if !ReplayBody::ended(&lent.body) {
+            lent.task.abort();
+            return;
+        }
+        // A body dropped before its end leaves the connection mid-answer: it closes.
         if !self.body.is_end_stream() || lent.send.is_closed() {
             return;
         }
@@ -264,6 +289,7 @@ impl Drop for Streamed {
         prune(&mut list, now);
         list.push(Idle {
             send: lent.send,
+            task: lent.task,
             since: now,
         });
     }
