@@ -88,6 +88,18 @@ pub struct After {
     pub orphans: Vec<LimitCall>,
 }
 
+impl After {
+    fn new(id: u64, local: bool, orphans: Vec<LimitCall>) -> After {
+        After {
+            id,
+            local,
+            owed: Vec::new(),
+            leases: Vec::new(),
+            orphans,
+        }
+    }
+}
+
 /// One store round trip: how long it took, and how it failed.
 #[derive(Debug)]
 pub struct StoreCall {
@@ -374,13 +386,7 @@ pub async fn decide(
                 adm.decisions
                     .extend(which.iter().map(|&i| (i, DecisionLabel::Error)));
                 if !orphans.is_empty() {
-                    adm.after = Some(Box::new(After {
-                        id,
-                        local: false,
-                        owed: Vec::new(),
-                        leases: Vec::new(),
-                        orphans,
-                    }));
+                    adm.after = Some(Box::new(After::new(id, false, orphans)));
                 }
                 return (adm, verdict);
             }
@@ -437,13 +443,7 @@ pub async fn decide(
         return (adm, refuse(refusals, i, d));
     }
     adm.headline = tightest;
-    let mut after = After {
-        id,
-        local,
-        owed: Vec::new(),
-        leases: Vec::new(),
-        orphans,
-    };
+    let mut after = After::new(id, local, orphans);
     for ((c, d), &i) in calls.into_iter().zip(&decisions).zip(&which) {
         match route.limits[i].charge {
             Charge::Answer { .. } => after.owed.push((i, c)),
