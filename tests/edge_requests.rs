@@ -157,6 +157,64 @@ fn an_api_key_given_twice_is_refused() {
     assert_eq!(requests_total(&s, "api", "rejected_identity"), 5.0);
 }
 
+/// A key in the query is read as the upstream reads it, and held to a header value's rules.
+/// A control byte cannot spell the `on_missing: ip` namespace of another client's address
+/// (`%01ip%00<address>` used up that address's keyless quota); `K%20` is `K` (an upstream
+/// trims it); and `api.key`, `api+key`, `api[key` (PHP's `api_key`) and a `;`-separated
+/// `api_key` (Rack 2's) are the key, so none of them hides the real key behind a fresh one.
+#[test]
+fn a_query_key_is_read_as_the_upstream_reads_it() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "client_ip: {{ trusted_proxies: [127.0.0.1/32] }}\nupstreams:\n  up: {{ targets: [{}] }}\nroutes:\n  - name: api\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits: [ {{ name: k, by: api_key, on_missing: ip, algorithm: token_bucket, rate: 1/1h, burst: 1 }} ]\n",
+        up.url()
+    ));
+    let get = |target: &str, extra: &str| {
+        let ex = send(
+            &s,
+            &format!("GET {target} HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n"),
+        );
+        (status(&ex), ex.text())
+    };
+    let attacker = "X-Forwarded-For: 198.51.100.9\r\n";
+    let victim = "X-Forwarded-For: 203.0.113.7\r\n";
+    // The attacker's crafted key is no key: it is counted on its own address.
+    let (st, text) = get("/x?api_key=%01ip%00203.0.113.7", attacker);
+    assert_eq!(st, 200, "{text}");
+    let (st, text) = get("/x", victim);
+    assert_eq!(
+        st, 200,
+        "the victim's keyless quota was used up by another client: {text}"
+    );
+    let (st, text) = get("/x", attacker);
+    assert_eq!(
+        st, 429,
+        "the crafted key was not counted as the attacker's own: {text}"
+    );
+
+    // The real key, spent once; then every other spelling of it is that key.
+    assert_eq!(get("/x", "X-Api-Key: REAL\r\n").0, 200);
+    for target in [
+        "/x?api_key=REAL%20",
+        "/x?api.key=REAL",
+        "/x?api+key=REAL",
+        "/x?api[key=REAL",
+        "/x?a=1;api_key=REAL",
+    ] {
+        let (st, text) = get(target, "");
+        assert_eq!(st, 429, "{target}: {text}");
+    }
+    for target in [
+        "/x?api_key=fresh1&api.key=REAL",
+        "/x?api_key=fresh2;api_key=REAL",
+        "/x?api_key=fresh3&api[key=REAL",
+    ] {
+        let (st, text) = get(target, "");
+        assert_eq!(st, 400, "{target}: {text}");
+    }
+    assert_eq!(settled_hits(&up), 3, "what reached the upstream");
+}
+
 /// `methods: [GET]` matches HEAD too: frameworks answer HEAD with the GET handler, so a HEAD
 /// that fell through to the catch-all would reach what the limit guards, unlimited.
 #[test]

@@ -132,30 +132,58 @@ impl IdentitySources {
     }
 }
 
-/// The one value of a query parameter, decoded; empty counts as missing. Two of them, even
-/// an empty one beside a value, are [`Ambiguous::Query`].
+/// The one value of a query parameter, decoded, and held to a header value's rules (trimmed;
+/// empty, or with a byte that is not visible ASCII, it counts as missing: a control byte could
+/// otherwise spell another namespace's key, and `K%20` another counter for the key `K` an
+/// upstream trims). Two of them, even an empty one beside a value, are [`Ambiguous::Query`].
+///
+/// Parameters are split on `;` as well as `&` (Rack 2, so Rails 6 and 7, reads `a=1;b=2` as
+/// two), and their names are read as the upstream may read them ([`names`]): what any of them
+/// takes for the key is the key here too.
 fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
-    let escaped = |s: &str| s.contains(['%', '+']);
     // Most queries cannot name it at all: one scan, nothing decoded or allocated.
-    if !query.contains(name) && !escaped(query) {
+    let stem = name.split(['_', ' ', '.', '[']).next().unwrap_or(name);
+    if !stem.is_empty() && !query.contains(stem) && !query.contains(['%', '+']) {
         return Ok(None);
     }
     let mut found: Option<String> = None;
-    for pair in query.split('&') {
+    for pair in query.split(['&', ';']) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let named = if escaped(k) {
-            percent_decode(k) == name
-        } else {
-            k == name
-        };
-        if named {
+        if names(k, name) {
             if found.is_some() {
                 return Err(Ambiguous::Query(name.to_owned()));
             }
             found = Some(percent_decode(v));
         }
     }
-    Ok(found.filter(|v| !v.is_empty()))
+    Ok(found.and_then(|v| field_value(&v).map(str::to_owned)))
+}
+
+/// What PHP reads as `_` in a parameter's name.
+const PHP_UNDERSCORES: [char; 3] = [' ', '.', '['];
+
+/// Whether the parameter name `k`, as sent, names `name` as an upstream may read it: decoded,
+/// and as PHP reads names (leading spaces dropped; a space, `.` or `[` read as `_`), so that
+/// `api.key=`, `api+key=` and `api[key=` are `$_GET['api_key']`.
+fn names(k: &str, name: &str) -> bool {
+    let decoded;
+    let k = if k.contains(['%', '+']) {
+        decoded = percent_decode(k);
+        decoded.as_str()
+    } else {
+        k
+    };
+    let php = |c: char| if PHP_UNDERSCORES.contains(&c) { '_' } else { c };
+    let k = k.trim_start_matches(' ');
+    k.len() == name.len() && k.chars().map(php).eq(name.chars().map(php))
+}
+
+/// A field value as identities take it: trimmed; none if empty or if a byte is not visible
+/// ASCII (a space or tab inside is kept), as [`HeaderValue::to_str`] reads header values.
+fn field_value(v: &str) -> Option<&str> {
+    let v = v.trim_matches([' ', '\t']);
+    let visible = |b: u8| b == b'\t' || (0x20..0x7f).contains(&b);
+    (!v.is_empty() && v.bytes().all(visible)).then_some(v)
 }
 
 /// A header's one value, trimmed; a missing, empty or non-visible-ASCII value is none, and
@@ -166,8 +194,7 @@ pub fn one_header<'h>(
 ) -> Result<Option<&'h str>, Ambiguous> {
     Ok(one_field(headers, name)?
         .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty()))
+        .and_then(field_value))
 }
 
 /// A field's one line, as sent; more than one is [`Ambiguous::Header`].
@@ -246,7 +273,11 @@ impl JwtSource {
             }
         }
         match claims.get(&self.claim)? {
-            serde_json::Value::String(s) if !s.is_empty() => Some(s.clone()),
+            // Any text an issuer may use (Unicode included), but no control character: those
+            // could spell another namespace's key (see `limiter::key`).
+            serde_json::Value::String(s) if !s.is_empty() && !s.chars().any(char::is_control) => {
+                Some(s.clone())
+            }
             serde_json::Value::Number(n) => Some(n.to_string()),
             _ => None,
         }
@@ -461,6 +492,62 @@ mod tests {
         assert_eq!(key(&[], Some("api_keyx=1")), Ok(None));
     }
 
+    /// A query key is held to a header value's rules: trimmed, and missing when empty or not
+    /// visible ASCII, so no control byte spells the `on_missing: ip` namespace
+    /// (`%01ip%00<address>`) and no `K%20` is a counter apart from `K`.
+    #[test]
+    fn a_query_key_is_trimmed_and_visible_ascii() {
+        let s = sources();
+        let key = |q: &str| api_key(&s, &[], Some(q));
+        assert_eq!(key("api_key=K%20"), Ok(Some("K".into())));
+        assert_eq!(key("api_key=%09K+"), Ok(Some("K".into())));
+        assert_eq!(key("api_key=%01ip%00203.0.113.7"), Ok(None));
+        assert_eq!(key("api_key=Z%FF"), Ok(None));
+        assert_eq!(key("api_key=%C3%A9"), Ok(None));
+        assert_eq!(key("api_key=a%20b"), Ok(Some("a b".into())));
+        assert_eq!(
+            api_key(&s, &[("x-api-key", "K")], Some("api_key=K%20")),
+            Ok(Some("K".into())),
+            "the same key, trimmed, in both places"
+        );
+    }
+
+    /// PHP reads `api.key`, `api+key` and `api[key` as `api_key`, and Rack 2 splits on `;`:
+    /// each of them names the key here too (alone, it is the key; beside another value, the
+    /// request is ambiguous).
+    #[test]
+    fn a_query_key_is_named_as_upstreams_read_names() {
+        let s = sources();
+        let key = |q: &str| api_key(&s, &[], Some(q));
+        for q in [
+            "api.key=K",
+            "api+key=K",
+            "api%20key=K",
+            "api[key=K",
+            "a=1;api_key=K",
+        ] {
+            assert_eq!(key(q), Ok(Some("K".into())), "{q}");
+        }
+        let twice = Err(Ambiguous::Query("api_key".into()));
+        for q in [
+            "api_key=junk&api.key=K",
+            "api_key=junk;api_key=K",
+            "api_key=junk&api[key=K",
+            "api_key=junk&+api_key=K",
+        ] {
+            assert_eq!(key(q), twice, "{q}");
+        }
+        for q in [
+            "api[key]=K",
+            "apikey=K",
+            "api_keys=K",
+            "xapi_key=K",
+            "api__key=K",
+        ] {
+            assert_eq!(key(q), Ok(None), "{q}");
+        }
+    }
+
     /// Two values for one identity: the gateway would count one and the upstream might read
     /// the other, so a fresh value where the gateway looks buys unlimited use of the real one.
     #[test]
@@ -525,6 +612,17 @@ mod tests {
         assert_eq!(
             s.user(&h(&[("authorization", &forged)]), 1000).unwrap(),
             None
+        );
+        let control = jwt(r#"{"sub":"\u0001ip\u00001.2.3.4","exp":2000}"#, b"s3cret");
+        assert_eq!(
+            s.user(&h(&[("authorization", &control)]), 1000).unwrap(),
+            None,
+            "a control character in the subject"
+        );
+        let unicode = jwt(r#"{"sub":"josé","exp":2000}"#, b"s3cret");
+        assert_eq!(
+            s.user(&h(&[("authorization", &unicode)]), 1000).unwrap(),
+            Some("josé".into())
         );
         let no_exp = jwt(r#"{"sub":"bob"}"#, b"s3cret");
         assert_eq!(
