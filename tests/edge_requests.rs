@@ -466,8 +466,18 @@ fn heads_hyper_refuses_are_logged_and_counted() {
 
 /// An upstream that answers every request with `answer` and closes.
 fn raw_upstream(answer: &'static str) -> SocketAddr {
+    raw_upstream_holding(answer, false).0
+}
+
+type Held = std::sync::Arc<std::sync::Mutex<Vec<TcpStream>>>;
+
+/// An upstream that reads each request's head and answers `answer`; then closes, or with
+/// `hold` keeps the connection open and reads no more (its sockets are in the list).
+fn raw_upstream_holding(answer: &'static str, hold: bool) -> (SocketAddr, Held) {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
+    let held = Held::default();
+    let keep = held.clone();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(mut conn) = conn else { continue };
@@ -477,9 +487,12 @@ fn raw_upstream(answer: &'static str) -> SocketAddr {
                 head.push(byte[0]);
             }
             let _ = conn.write_all(answer.as_bytes());
+            if hold {
+                keep.lock().unwrap().push(conn);
+            }
         }
     });
-    addr
+    (addr, held)
 }
 
 /// Answers the client could not read as the upstream sent them are 502 (as nginx answers):
@@ -575,24 +588,10 @@ fn answers_the_client_could_not_read_as_sent_are_502() {
 /// into a full window forever, and the client's upload stalled with it, its connection held.
 #[test]
 fn an_answer_before_the_body_was_read_frees_the_client() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    let held = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let keep = held.clone();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            let mut head = Vec::new();
-            let mut byte = [0; 1];
-            while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
-                head.push(byte[0]);
-            }
-            let _ =
-                conn.write_all(b"HTTP/1.1 413 Content Too Large\r\nContent-Length: 2\r\n\r\nno");
-            // Never read again, never close.
-            keep.lock().unwrap().push(conn);
-        }
-    });
+    let (addr, held) = raw_upstream_holding(
+        "HTTP/1.1 413 Content Too Large\r\nContent-Length: 2\r\n\r\nno",
+        true,
+    );
     let s = Sluice::start(&format!(
         "upstreams:\n  up: {{ targets: [\"http://{addr}\"] }}\nroutes:\n  - {{ name: all, match: {{ path_prefix: / }}, upstream: up }}\n"
     ));
