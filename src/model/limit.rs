@@ -52,8 +52,11 @@ pub enum Charge {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AnswerCost {
     Static(u64),
-    /// The integer the upstream puts in `name`, clamped to `0..=max`; `default` when it is
-    /// absent or not an integer, and when there is no answer at all.
+    /// The integer the upstream puts in `name`, clamped to `0..=max` (a negative one is 0,
+    /// one too large for any integer type is `max`); `default` when it is absent or not an
+    /// integer, and when there is no answer at all. Of several lines, the largest: the
+    /// gateway cannot tell which one the upstream meant, and charging less than it may have
+    /// used is the way around the limit.
     ResponseHeader {
         name: HeaderName,
         default: u64,
@@ -67,12 +70,30 @@ impl AnswerCost {
         match self {
             AnswerCost::Static(c) => *c,
             AnswerCost::ResponseHeader { name, default, max } => headers
-                .and_then(|h| h.get(name))
-                .and_then(|v| v.to_str().ok())
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .map_or(*default, |v| v.min(*max)),
+                .into_iter()
+                .flat_map(|h| h.get_all(name))
+                .filter_map(|v| clamped(v.to_str().ok()?.trim(), *max))
+                .max()
+                .unwrap_or(*default),
         }
     }
+}
+
+/// `s` as an integer clamped to `0..=max`: an optional sign and at least one digit, nothing
+/// else (`None` otherwise).
+fn clamped(s: &str, max: u64) -> Option<u64> {
+    let (negative, digits) = match s.as_bytes().first()? {
+        b'-' => (true, &s[1..]),
+        b'+' => (false, &s[1..]),
+        _ => (false, s),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    if negative {
+        return Some(0);
+    }
+    Some(digits.parse::<u64>().map_or(max, |v| v.min(max)))
 }
 
 /// A set of HTTP status codes (100–599), from codes and classes like `5xx`.
@@ -157,9 +178,19 @@ mod tests {
         assert_eq!(with("42"), 42);
         assert_eq!(with(" 0 "), 0);
         assert_eq!(with("1000"), 100);
-        assert_eq!(with("-3"), 7);
+        assert_eq!(with("-3"), 0, "clamped to 0");
+        assert_eq!(with("-0"), 0);
+        assert_eq!(with("+5"), 5);
         assert_eq!(with("1.5"), 7);
-        assert_eq!(with("99999999999999999999999"), 7);
+        assert_eq!(with("-"), 7);
+        assert_eq!(with("1e3"), 7);
+        assert_eq!(with("99999999999999999999999"), 100, "clamped to max");
+        assert_eq!(with("18446744073709551616"), 100);
+        let mut two = http::HeaderMap::new();
+        two.append("x-tokens-used", "1".parse().unwrap());
+        two.append("x-tokens-used", "9".parse().unwrap());
+        two.append("x-tokens-used", "junk".parse().unwrap());
+        assert_eq!(cost.of(Some(&two)), 9, "the largest of several lines");
         assert_eq!(cost.of(Some(&http::HeaderMap::new())), 7);
         assert_eq!(cost.of(None), 7);
         assert_eq!(AnswerCost::Static(3).of(None), 3);

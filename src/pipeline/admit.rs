@@ -428,12 +428,7 @@ pub async fn decide(
         {
             refused = Some((i, *d));
         }
-        if rule.headers
-            && tightest.is_none_or(|(_, t)| {
-                (d.remaining, std::cmp::Reverse(d.reset_after_us))
-                    < (t.remaining, std::cmp::Reverse(t.reset_after_us))
-            })
-        {
+        if rule.headers && tightest.is_none_or(|(_, t)| d.tighter_than(&t)) {
             tightest = Some((i, *d));
         }
     }

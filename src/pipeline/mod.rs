@@ -440,6 +440,10 @@ impl Gateway {
         match (switching, client_upgrade) {
             (true, Some(client)) => {
                 let upstream = hyper::upgrade::on(&mut res);
+                // The tunnel is the request in flight: its concurrency slots are held until it
+                // closes (nginx's `limit_conn` counts an upgraded connection for its life),
+                // not freed with the 101's empty body.
+                let leases = ctx.leases.take();
                 tokio::spawn(async move {
                     if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
                         let _ = tokio::io::copy_bidirectional(
@@ -448,6 +452,7 @@ impl Gateway {
                         )
                         .await;
                     }
+                    drop(leases);
                 });
             }
             // RFC 9110 §15.2.2: a server MUST NOT switch to a protocol the client did not ask

@@ -46,7 +46,7 @@ pub fn advertise(ctx: &mut super::context::Ctx, charged: Vec<(usize, Decision)>)
     for (i, d) in charged {
         let shown = rules.is_some_and(|l| l[i].headers && !l[i].shadow);
         let adm = &mut ctx.admission;
-        if shown && adm.headline.is_none_or(|(_, h)| d.remaining < h.remaining) {
+        if shown && adm.headline.is_none_or(|(_, h)| d.tighter_than(&h)) {
             adm.headline = Some((i, d));
         }
     }

@@ -75,6 +75,13 @@ impl Decision {
     pub fn allowed(&self) -> bool {
         self.code == Code::Allowed
     }
+
+    /// Whether this decision is the one to advertise over `other` (SPEC §4): the lower
+    /// `remaining`, and of two equal, the longer reset.
+    pub fn tighter_than(&self, other: &Decision) -> bool {
+        (self.remaining, std::cmp::Reverse(self.reset_after_us))
+            < (other.remaining, std::cmp::Reverse(other.reset_after_us))
+    }
 }
 
 /// After an admission that left nothing (`remaining` 0), the decision a cost-1 request would
@@ -258,6 +265,26 @@ mod tests {
 
     const S: u64 = 1_000_000;
     const YEAR: u64 = 365 * 86_400 * S;
+
+    /// SPEC §4: the lowest `remaining` is advertised; of two equal, the longest reset (a
+    /// client waiting for the shorter one would be refused by the other).
+    #[test]
+    fn the_tighter_decision_is_the_lower_remaining_then_the_longer_reset() {
+        let d = |remaining, reset_after_us| Decision {
+            code: Code::Allowed,
+            limit: 10,
+            remaining,
+            retry_after_us: 0,
+            reset_after_us,
+        };
+        assert!(d(0, 7 * S).tighter_than(&d(1, 84 * S)));
+        assert!(d(0, 84 * S).tighter_than(&d(0, 7 * S)));
+        assert!(!d(0, 7 * S).tighter_than(&d(0, 84 * S)));
+        assert!(
+            !d(0, 7 * S).tighter_than(&d(0, 7 * S)),
+            "not over an equal one"
+        );
+    }
 
     fn algorithm() -> impl Strategy<Value = Algorithm> {
         proptest::sample::select(Algorithm::ALL.to_vec())
