@@ -447,6 +447,115 @@ async fn upstream_closing_without_answer_is_502() {
     assert_eq!(r.status, 502, "{}", r.text());
 }
 
+/// "Max open files" of a process: (soft, hard), `None` for unlimited.
+fn open_files(pid: &str) -> (Option<u64>, Option<u64>) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("Max open files");
+    let mut v = line["Max open files".len()..].split_whitespace();
+    let mut next = || v.next().and_then(|x| x.parse().ok());
+    (next(), next())
+}
+
+/// The soft open-file limit is raised to the hard one at start (as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do): every client and upstream connection is a descriptor, and under
+/// systemd's default soft limit of 1024 a few HTTP/2 clients with streams waiting on a slow
+/// upstream used them all.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    assert!(
+        which("prlimit"),
+        "prlimit not found: apt-get install -y util-linux"
+    );
+    let (_, hard) = open_files("self");
+    let Some(hard) = hard else {
+        panic!("this test needs a finite hard open-file limit (ulimit -Hn)");
+    };
+    assert!(hard > 256, "hard open-file limit {hard}: nothing to raise");
+    let up = Upstream::start();
+    let nofile = format!("--nofile=256:{hard}");
+    let s = Sluice::start_under(&plain(&up), &["prlimit", &nofile, "--"]);
+    assert_eq!(
+        open_files(&s.pid().to_string()),
+        (Some(hard), Some(hard)),
+        "{}",
+        s.log()
+    );
+    s.wait_log(&["open file limit raised to the hard limit"]);
+    assert_eq!(get(&client(), &s.url("/"), &[]).await.status, 200);
+}
+
+/// Out of descriptors: the accept loop says so once a second (with the count), not fifty
+/// times; a request that needs a new upstream connection gets 502 and the log names the
+/// gateway's own shortage, not the upstream; and serving resumes once descriptors free up.
+#[tokio::test]
+async fn out_of_descriptors_the_gateway_says_so_and_recovers() {
+    assert!(
+        which("prlimit"),
+        "prlimit not found: apt-get install -y util-linux"
+    );
+    let (a, b) = (Upstream::start(), Upstream::start());
+    let yaml = format!(
+        "workers: 1\nupstreams:\n  a: {{ targets: [{}] }}\n  b: {{ targets: [{}] }}\nroutes:\n  - {{ name: b, match: {{ path_prefix: /b }}, upstream: b }}\n  - {{ name: a, match: {{ path_prefix: / }}, upstream: a }}\n",
+        a.url(),
+        b.url()
+    );
+    let s = Sluice::start_under(&yaml, &["prlimit", "--nofile=64:64", "--"]);
+    let request = |st: &mut TcpStream, path: &str| {
+        st.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && st.read(&mut byte).unwrap_or(0) == 1 {
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .map(|v| v.trim().parse().unwrap())
+            })
+            .unwrap_or(0);
+        let mut body = vec![0; len];
+        st.read_exact(&mut body).unwrap();
+        head
+    };
+    let mut kept = TcpStream::connect(s.addr).unwrap();
+    kept.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert!(request(&mut kept, "/").starts_with("HTTP/1.1 200"));
+    // Idle connections until the gateway has no descriptor left.
+    let idle: Vec<TcpStream> = (0..80)
+        .filter_map(|_| TcpStream::connect(s.addr).ok())
+        .collect();
+    std::thread::sleep(Duration::from_millis(2500));
+    let head = request(&mut kept, "/b");
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = s.log();
+    let warnings = log.matches("accept failed").count();
+    assert!(
+        (1..=5).contains(&warnings),
+        "{warnings} accept warnings in about 2.5 s:\n{log}"
+    );
+    assert!(log.contains("out of resources"), "{log}");
+    drop(idle);
+    let ok = eventually(Duration::from_secs(5), || async {
+        get(&client(), &s.url("/b"), &[]).await.status == 200
+    })
+    .await;
+    assert!(ok, "no recovery once descriptors were free\n{}", s.log());
+}
+
+fn which(tool: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
+}
+
 #[tokio::test]
 async fn websocket_upgrade_passes_through() {
     let up = Upstream::start();

@@ -80,6 +80,13 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         send: boot.send_timeout,
     };
     let startup_timeout = boot.store.redis.startup_timeout;
+    match super::fd_limit::raise() {
+        Ok((before, after)) if after > before => {
+            tracing::info!(before, after, "open file limit raised to the hard limit");
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
+    }
     let gw = gateway(loaded, config_path).await;
     // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
     // accepts must reload or drain, not kill the process by the default action.

@@ -2,6 +2,7 @@
 //! TLS), and live reload (`reload`, certificates included).
 
 pub mod app;
+mod fd_limit;
 mod idle;
 mod preface;
 pub mod proxy_protocol;

@@ -157,14 +157,20 @@ pub async fn serve<H, F, R>(
             tokio::spawn(counted(open, opened));
         }
     };
+    let (mut last_warned, mut failed): (Option<tokio::time::Instant>, u64) = (None, 0);
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
                     Ok(a) => a,
                     Err(e) => {
-                        // EMFILE and friends: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
+                        // EMFILE and friends: back off instead of spinning, and say so once a
+                        // second (with how many were not said), not fifty times.
+                        failed += 1;
+                        if last_warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                            tracing::warn!(error = %e, failed, "accept failed");
+                            (last_warned, failed) = (Some(tokio::time::Instant::now()), 0);
+                        }
                         tokio::time::sleep(Duration::from_millis(20)).await;
                         continue;
                     }

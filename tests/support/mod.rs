@@ -99,6 +99,8 @@ pub struct Sluice {
     admin_ip: String,
     /// The arguments before `-c FILE` (`run` unless started otherwise).
     args: Vec<String>,
+    /// A command the binary runs under (`prlimit …`), empty for none.
+    wrapper: Vec<String>,
 }
 
 pub fn sluice_bin() -> &'static str {
@@ -130,6 +132,16 @@ impl Sluice {
     pub fn start_args(yaml: &str, args: &[&str]) -> Sluice {
         let mut s = Sluice::prepare(yaml, &[], "127.0.0.1");
         s.args = args.iter().map(|a| a.to_string()).collect();
+        s.spawn();
+        s.wait_ready();
+        s
+    }
+
+    /// Like [`Sluice::start`], the binary run by `wrapper` (a command and its arguments, the
+    /// binary and its own arguments after them), e.g. `prlimit --nofile=256:1024 --`.
+    pub fn start_under(yaml: &str, wrapper: &[&str]) -> Sluice {
+        let mut s = Sluice::prepare(yaml, &[], "127.0.0.1");
+        s.wrapper = wrapper.iter().map(|a| a.to_string()).collect();
         s.spawn();
         s.wait_ready();
         s
@@ -173,6 +185,7 @@ impl Sluice {
                 .collect(),
             admin_ip: admin_ip.to_string(),
             args: vec!["run".into()],
+            wrapper: Vec::new(),
         };
         s.pick_ports();
         s
@@ -191,7 +204,14 @@ impl Sluice {
     /// Spawn `sluice run` on this config (see [`Sluice::launch`]).
     fn spawn(&mut self) {
         let log = std::fs::File::create(&self.log_path).unwrap();
-        let mut cmd = Command::new(sluice_bin());
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(sluice_bin());
+                cmd
+            }
+            None => Command::new(sluice_bin()),
+        };
         cmd.args(&self.args)
             .arg("-c")
             .arg(&self.config_path)

@@ -229,6 +229,15 @@ impl Upstream {
                         target.name, self.spec.connect_timeout
                     )))
                 }
+                // The gateway's own descriptors or memory ran out: the target is not at
+                // fault and is not set aside, and no other would fare better.
+                SendError::Connect(e) if out_of_resources(&e) => {
+                    return Err(ForwardError::Unreachable(format!(
+                        "cannot connect to {}: this gateway is out of resources: {}",
+                        target.name,
+                        chain(&e)
+                    )))
+                }
                 SendError::Connect(e) => ForwardError::Unreachable(format!(
                     "cannot connect to {}: {}",
                     target.name,
@@ -268,6 +277,14 @@ fn classify(e: &hyper::Error, target: &str) -> ForwardError {
     } else {
         ForwardError::Unreachable(what)
     }
+}
+
+/// EMFILE, ENFILE, ENOBUFS, ENOMEM: the failure is this process's or this host's.
+fn out_of_resources(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
 }
 
 /// An error and its sources, `: `-separated.
