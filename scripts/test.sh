@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Run the whole test suite: installs what the tests need (real redis-server, redis-sentinel,
-# prometheus, faketime, curl, openssl), then formatting, clippy, doc links, every test, and a
+# prometheus, faketime, curl, openssl, prlimit), then formatting, clippy, doc links, every test, and a
 # release build whose profile must apply (scripts/build_release.sh --strict).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for bin in redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel prometheus:prometheus faketime:faketime curl:curl openssl:openssl; do
+for bin in redis-server:redis-server redis-cli:redis-tools redis-sentinel:redis-sentinel prometheus:prometheus faketime:faketime curl:curl openssl:openssl prlimit:util-linux; do
   command -v "${bin%%:*}" >/dev/null 2>&1 || need+=("${bin##*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then
