@@ -364,16 +364,16 @@ pub async fn decide(
             adm.store = Some(call);
             // A call that was sent may still run when Redis reads it: free the slots it would
             // take. (Nothing passes an open breaker.)
-            let sent = e != StoreError::BreakerOpen;
-            orphans = calls
-                .iter()
-                .filter(|c| sent && c.params.algorithm == Algorithm::Concurrency)
-                .filter(|c| c.op == Op::Decide)
-                .map(|c| LimitCall {
-                    op: Op::Release,
-                    ..c.clone()
-                })
-                .collect();
+            if e != StoreError::BreakerOpen {
+                orphans = calls
+                    .iter()
+                    .filter(|c| c.params.algorithm == Algorithm::Concurrency && c.op == Op::Decide)
+                    .map(|c| LimitCall {
+                        op: Op::Release,
+                        ..c.clone()
+                    })
+                    .collect();
+            }
             if route.on_store_error == OnError::Local {
                 passes_as = error_allowed_as;
                 local = true;

@@ -156,7 +156,14 @@ fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
             found = Some(percent_decode(v));
         }
     }
-    Ok(found.and_then(|v| field_value(&v).map(str::to_owned)))
+    Ok(found.and_then(|v| {
+        let t = field_value(&v)?;
+        // Already as taken (the usual case): no second copy.
+        if t.len() == v.len() {
+            return Some(v);
+        }
+        Some(t.to_owned())
+    }))
 }
 
 /// What PHP reads as `_` in a parameter's name.
@@ -181,9 +188,13 @@ fn names(k: &str, name: &str) -> bool {
 /// A field value as identities take it: trimmed; none if empty or if a byte is not visible
 /// ASCII (a space or tab inside is kept), as [`HeaderValue::to_str`] reads header values.
 fn field_value(v: &str) -> Option<&str> {
-    let v = v.trim_matches([' ', '\t']);
     let visible = |b: u8| b == b'\t' || (0x20..0x7f).contains(&b);
-    (!v.is_empty() && v.bytes().all(visible)).then_some(v)
+    trimmed(v).filter(|v| v.bytes().all(visible))
+}
+
+/// `v` without spaces and tabs at either end; none if that leaves nothing.
+fn trimmed(v: &str) -> Option<&str> {
+    Some(v.trim_matches([' ', '\t'])).filter(|v| !v.is_empty())
 }
 
 /// A header's one value, trimmed; a missing, empty or non-visible-ASCII value is none, and
@@ -193,8 +204,9 @@ pub fn one_header<'h>(
     name: &HeaderName,
 ) -> Result<Option<&'h str>, Ambiguous> {
     Ok(one_field(headers, name)?
+        // `to_str` has checked every byte is visible ASCII (or a tab): only trimmed here.
         .and_then(|v| v.to_str().ok())
-        .and_then(field_value))
+        .and_then(trimmed))
 }
 
 /// A field's one line, as sent; more than one is [`Ambiguous::Header`].

@@ -157,8 +157,8 @@ impl Pool {
         mut req: Request<ReplayBody>,
         now: Instant,
     ) -> Result<Response<Streamed>, SendError> {
+        let body = req.body().slot.clone();
         while let Some((mut send, task)) = self.checkout(target, now) {
-            let body = req.body().slot.clone();
             match send.try_send_request(req).await {
                 Ok(res) => return Ok(self.lend(target, res, send, task, body)),
                 // Not sent: the connection was closing. Another one gets it.
