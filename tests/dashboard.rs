@@ -406,7 +406,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
     // A few more scrapes after the traffic (the held request is still in flight).
     tokio::time::sleep(Duration::from_secs(3)).await;
 
-    let version = sluice::config::version_of(&std::fs::read_to_string(&s.config_path).unwrap());
+    let version = s.config_version();
     use Want::*;
     let expectations: Expectations = vec![
         (

@@ -293,14 +293,14 @@ async fn reloads_count_and_config_info_follows_the_version() {
     let up = Upstream::start();
     let s = Sluice::start(&config(&up));
     let c = client();
-    let v1 = sluice::config::version_of(&std::fs::read_to_string(&s.config_path).unwrap());
+    let v1 = s.config_version();
     let m = s.metrics(&c).await;
     assert_eq!(metric(&m, "sluice_config_info", &[("version", &v1)]), 1.0);
     assert_eq!(m.matches("\nsluice_config_info{").count(), 1);
 
     // The file watcher sees the change first; wait for it, then reload by hand too.
     s.replace_config(&config(&up).replace("name: plain", "name: plain2"));
-    let v2 = sluice::config::version_of(&std::fs::read_to_string(&s.config_path).unwrap());
+    let v2 = s.config_version();
     let reloads = |m: &str, result| metric(m, "sluice_config_reloads_total", &[("result", result)]);
     let seen = eventually(Duration::from_secs(10), || {
         let (c, s) = (c.clone(), &s);

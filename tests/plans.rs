@@ -440,6 +440,7 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
         status(&c, &s, "/a", &[("x-api-key", "newcomer-key")]).await,
         401
     );
+    let v0 = served_version(&c, &s).await;
 
     // A new consumer, written by rename-over: served without touching the config.
     let added = format!("{list}- name: newcomer\n  plan: pro\n  keys: [newcomer-key]\n");
@@ -454,6 +455,10 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
     })
     .await;
     assert!(known, "{}", s.log());
+    // The config file did not change, yet what it serves did: the version says so, so that
+    // instances serving different consumer lists show different versions.
+    let v1 = served_version(&c, &s).await;
+    assert_ne!(v1, v0, "the version must cover the consumers_file");
 
     // A broken list: refused at its own FILE:LINE:COL, and the previous list keeps serving.
     let broken = format!("{added}- name: newcomer\n  plan: gold\n  keys: [x]\n");
@@ -471,6 +476,30 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
         status(&c, &s, "/a", &[("x-api-key", "newcomer-key")]).await,
         200
     );
+    assert_eq!(
+        served_version(&c, &s).await,
+        v1,
+        "a refused list changes nothing"
+    );
+}
+
+/// The version `/admin/config` shows, checked against `sluice_config_info`'s only series.
+async fn served_version(c: &HttpClient, s: &Sluice) -> String {
+    let doc = get(c, &s.admin_url("/admin/config"), &[]).await.text();
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    let version = doc["version"].as_str().unwrap().to_owned();
+    let m = s.metrics(c).await;
+    let series: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("sluice_config_info{"))
+        .collect();
+    assert_eq!(series.len(), 1, "{m}");
+    assert_eq!(
+        metric(&m, "sluice_config_info", &[("version", &version)]),
+        1.0,
+        "{m}"
+    );
+    version
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ pub mod position;
 pub mod units;
 
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
@@ -62,10 +62,30 @@ impl fmt::Display for ConfigErrors {
     }
 }
 
-/// The version of a config: a short hash of the file's exact content.
-pub fn version_of(text: &str) -> String {
-    let d = Sha256::digest(text.as_bytes());
-    d[..6].iter().map(|b| format!("{b:02x}")).collect()
+/// The version of a config: a short hash of its exact text and of the files it reads (the
+/// `consumers_file`, certificates and keys). Two instances serving different consumers or
+/// certificates from the same config file then show different versions. A config that reads
+/// no other file has the hash of its text alone.
+pub fn version_of(text: &str, files: &[PathBuf]) -> String {
+    content_hash(text, files, 6)
+}
+
+/// The first `bytes` bytes, in hex, of SHA-256 over `text` and the contents of `files`, each
+/// after its length (a file that cannot be read counts as empty). Not their paths: the text
+/// names them, and the same config started as `-c sluice.yaml` or `-c /etc/sluice/sluice.yaml`
+/// must have one version.
+pub fn content_hash(text: &str, files: &[PathBuf], bytes: usize) -> String {
+    let mut h = Sha256::new();
+    h.update(text.as_bytes());
+    for f in files {
+        let content = std::fs::read(f).unwrap_or_default();
+        h.update((content.len() as u64).to_le_bytes());
+        h.update(content);
+    }
+    h.finalize()[..bytes]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Read, parse, validate and compile `path` (named in errors exactly as given).
@@ -141,7 +161,8 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
 /// Validate and compile a parsed file; `text` is its source, for positions and the version.
 pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, ConfigErrors> {
     let positions = position::Positions::index(text);
-    let (boot, table) = compile::compile(name, &file, &positions, version_of(text))?;
+    let version = version_of(text, &compile::watched_files(name, &file));
+    let (boot, table) = compile::compile(name, &file, &positions, version)?;
     // Certificate and key files are read here, so `check`, start and every reload refuse a
     // pair that does not load at the entry that named it.
     #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
@@ -174,4 +195,42 @@ pub struct Loaded {
     pub table: Table,
     pub file: file::File,
     pub tls: crate::tls::Material,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_covers_the_files_a_config_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let list = dir.path().join("consumers.yaml");
+        std::fs::write(&list, "- { name: a, plan: p, keys: [k] }\n").unwrap();
+        let text = "consumers_file: consumers.yaml\n";
+        let files = [list.clone()];
+        let v1 = version_of(text, &files);
+        assert_eq!(v1.len(), 12);
+        assert_eq!(
+            v1,
+            version_of(text, &files),
+            "the same bytes, the same version"
+        );
+        std::fs::write(&list, "- { name: b, plan: p, keys: [k] }\n").unwrap();
+        let v2 = version_of(text, &files);
+        assert_ne!(v1, v2, "another consumer list is another version");
+        std::fs::remove_file(&list).unwrap();
+        assert_ne!(version_of(text, &files), v2, "a file gone is a change");
+        // Where the config was started from does not matter, only what it reads.
+        std::fs::write(&list, "- { name: b, plan: p, keys: [k] }\n").unwrap();
+        let elsewhere = dir.path().join("again").join("..").join("consumers.yaml");
+        std::fs::create_dir(dir.path().join("again")).unwrap();
+        assert_eq!(version_of(text, &[elsewhere]), v2);
+        // A config that reads nothing else: the hash of its text, as before.
+        let plain: String = Sha256::digest(text.as_bytes())[..6]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(version_of(text, &[]), plain);
+        assert_eq!(content_hash(text, &[], 8).len(), 16);
+    }
 }

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind};
 use notify::{RecursiveMode, Watcher};
-use sha2::{Digest, Sha256};
 
 use super::Runtime;
 use crate::config::file::{File, Listen};
@@ -242,16 +241,7 @@ impl Seen {
 /// A hash of `text` and the bytes of `files` (a file that cannot be read counts as empty:
 /// its coming back is a change).
 fn fingerprint_of(text: &str, files: &[PathBuf]) -> String {
-    let mut h = Sha256::new();
-    h.update(text.as_bytes());
-    for f in files {
-        h.update(f.as_os_str().as_encoded_bytes());
-        h.update(std::fs::read(f).unwrap_or_default());
-    }
-    h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    config::content_hash(text, files, 8)
 }
 
 /// Watch the directories of `files` too (certificates and consumers may live apart from the

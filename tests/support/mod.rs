@@ -299,6 +299,20 @@ impl Sluice {
         f.write_all(text.as_bytes()).unwrap();
     }
 
+    /// The version the gateway gives its config file as it reads now: its text and the files
+    /// it reads (certificates, a `consumers_file`).
+    pub fn config_version(&self) -> String {
+        let name = self.config_path.display().to_string();
+        let text = std::fs::read_to_string(&self.config_path).unwrap();
+        match sluice::config::parse(&name, &text) {
+            Ok(file) => {
+                let reads = sluice::config::compile::watched_files(&name, &file);
+                sluice::config::version_of(&text, &reads)
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
     /// Replace the config file atomically (write a sibling, rename over), as editors and
     /// config-management tools do: a reload never sees a half-written file.
     pub fn replace_config(&self, yaml: &str) {
