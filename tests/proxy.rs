@@ -53,6 +53,7 @@ async fn forwards_headers_per_rfc9110() {
             ("x-forwarded-for", "6.6.6.6"),
             ("x-forwarded-proto", "https"),
             ("forwarded", "for=10.0.0.1;proto=https;host=admin.internal"),
+            ("x-real-ip", "10.0.0.1"),
             ("x-request-id", "client-id-1"),
             ("authorization", "Bearer keep-me"),
         ],
@@ -78,6 +79,11 @@ async fn forwards_headers_per_rfc9110() {
     assert!(
         h.get("forwarded").is_none(),
         "an untrusted peer's Forwarded does not reach the upstream: {h}"
+    );
+    assert_eq!(
+        h["x-real-ip"],
+        serde_json::json!(["127.0.0.1"]),
+        "an untrusted peer's X-Real-IP is replaced by its address"
     );
     assert_eq!(h["x-request-id"][0], "client-id-1");
     assert_eq!(r.header("x-request-id"), Some("client-id-1"));
@@ -165,6 +171,45 @@ async fn trusted_proxy_keeps_forwarded_proto_and_host() {
     assert_eq!(h["x-forwarded-proto"][0], "https");
     assert_eq!(h["x-forwarded-host"][0], "public.example.com");
     assert_eq!(h["x-forwarded-for"][0], "1.2.3.4, 127.0.0.1");
+    assert_eq!(
+        h["x-real-ip"],
+        serde_json::json!(["1.2.3.4"]),
+        "behind a trusted proxy, the client it names"
+    );
+    // A trusted proxy's own X-Real-IP is kept.
+    let r = get(
+        &client(),
+        &s.url("/"),
+        &[("x-forwarded-for", "1.2.3.4"), ("x-real-ip", "5.6.7.8")],
+    )
+    .await;
+    assert_eq!(
+        r.json()["headers"]["x-real-ip"],
+        serde_json::json!(["5.6.7.8"])
+    );
+}
+
+/// A client's `X-Real-IP` never reaches the upstream as its address, whatever its spelling or
+/// number of lines (raw bytes, one connection, the gateway's peer untrusted).
+#[test]
+fn a_client_cannot_name_its_own_address_to_the_upstream() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let ex = support::raw::exchange(
+        s.addr,
+        b"GET /echo HTTP/1.1\r\nHost: a\r\nX-Real-IP: 10.0.0.1\r\nx-real-ip: 10.0.0.2\r\n\r\nGET /echo HTTP/1.1\r\nHost: a\r\nX-REAL-IP:  8.8.8.8 \r\nConnection: close\r\n\r\n",
+        Duration::from_millis(1500),
+    );
+    assert_eq!(ex.responses.len(), 2, "{}", ex.text());
+    for r in &ex.responses {
+        assert_eq!(r.status, 200, "{}", ex.text());
+        let echo = r.json();
+        assert_eq!(
+            echo["headers"]["x-real-ip"],
+            serde_json::json!(["127.0.0.1"]),
+            "{echo}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -403,6 +403,7 @@ impl Gateway {
             table.client_ip.is_trusted(peer.addr.ip().to_canonical()),
             host,
             ctx.conn.tls,
+            |h| table.client_ip.client_ip(peer.addr.ip(), h),
         );
         // The host the route was matched on: the target's authority wins over `Host`
         // (absolute form, HTTP/2's `:authority`). Otherwise it is the `Host` field itself,
