@@ -270,6 +270,27 @@ async fn settings_that_need_a_restart_show_their_running_values() {
     );
 }
 
+/// A token mounted from a file usually ends in a newline: it is not part of the token, or no
+/// client could ever present it.
+#[tokio::test]
+async fn a_token_with_a_trailing_newline_opens_the_api() {
+    let up = Upstream::start();
+    let env = [("SLUICE_ADMIN_TOKEN", format!("{TOKEN}\n"))];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let s = Sluice::start_admin_on(&limited(&up), &env, "0.0.0.0");
+    let c = client();
+    let good = format!("Bearer {TOKEN}");
+    let r = get(
+        &c,
+        &s.admin_url("/admin/config"),
+        &[("authorization", &good)],
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = get(&c, &s.admin_url("/admin/config"), &[]).await;
+    assert_problem(&r, 401);
+}
+
 #[tokio::test]
 async fn non_loopback_admin_needs_the_bearer_token() {
     let up = Upstream::start();
@@ -493,6 +514,17 @@ async fn peek_keys_match_what_requests_use() {
         (Some("sliding_log"), Some(1)),
         "{p}"
     );
+    // Read as a request reads it: padded, the same key (a reset of a phantom one would answer
+    // 204 and clear nothing); not visible ASCII, a key no request carries.
+    let p = peek(&c, &s, "by-key/per-key?key=%20k%2F1%20%2Bx%09").await;
+    assert_eq!(p["remaining"].as_u64(), Some(1), "{p}");
+    let r = get(
+        &c,
+        &s.admin_url("/admin/limits/by-key/per-key?key=k%C3%A9y"),
+        &[],
+    )
+    .await;
+    assert_problem(&r, 400);
     // A request without a key falls back to its IP (on_missing: ip): a separate key.
     assert_eq!(
         get(&c, &s.url("/key"), &[("x-forwarded-for", "198.51.100.4")])
@@ -572,7 +604,12 @@ async fn the_open_admin_api_refuses_a_rebound_host() {
     for (origin, want) in [
         ("https://evil.example".to_string(), 403),
         ("null".into(), 403),
+        // A page served from a public address is another site too.
+        ("http://203.0.113.5".into(), 403),
+        ("http://[2001:db8::1]:8080".into(), 403),
         (format!("http://127.0.0.1:{port}"), 200),
+        (format!("http://localhost:{port}"), 200),
+        ("http://[::1]".into(), 200),
     ] {
         let url = s.admin_url("/admin/reload");
         let r = send(&c, Method::POST, &url, &[("origin", origin.as_str())], b"").await;

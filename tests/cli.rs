@@ -264,10 +264,74 @@ fn a_duplicate_mapping_key_is_an_error() {
     }
 }
 
-/// A file saved with a UTF-8 byte-order mark reads like one without.
+/// A file saved with a UTF-8 byte-order mark reads like one without, errors at the same
+/// positions (the first key found by name, columns on line 1 not shifted by the mark).
 #[test]
 fn a_byte_order_mark_is_not_part_of_the_config() {
     let (code, _, err, _) = check(&format!("\u{feff}{OK}"));
+    assert_eq!(code, 0, "{err}");
+    let bad = "routes:\n  - name: r\n    match: { path_prefix: / }\n    upstream: nowhere\n    limits: [ { name: l, by: ip, algorithm: gcra, rate: 0/1m } ]\nupstreams: { api: { targets: [http://127.0.0.1:1] } }\n";
+    let plain = errors(bad);
+    assert_eq!(plain.len(), 2, "{plain:?}");
+    assert!(plain[0].starts_with("F:4:5: unknown upstream"), "{plain:?}");
+    assert_eq!(errors(&format!("\u{feff}{bad}")), plain);
+    // A flow mapping on line 1: the column is the one an editor shows.
+    let flow = "upstreams: { api: { targets: [http://127.0.0.1:1] } }\nroutes: [ { name: r, match: { path_prefix: / }, upstream: nope } ]\n";
+    assert_eq!(errors(&format!("\u{feff}{flow}")), errors(flow));
+}
+
+/// An upstream target is `http(s)://HOST[:PORT]` with a real port: one out of range, empty or
+/// 0 would pass the check and then fail every request with 502. A password in a target is
+/// refused and never repeated.
+#[test]
+fn a_target_needs_a_real_port_and_no_password() {
+    for (target, want) in [
+        ("http://127.0.0.1:99999", "has no valid port"),
+        ("http://127.0.0.1:", "has no valid port"),
+        ("http://127.0.0.1:0", "has no valid port"),
+        ("https://[::1]:65536", "has no valid port"),
+        ("http://u:hunter2@127.0.0.1:8080", "with no path or user"),
+    ] {
+        let e = errors(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
+        assert_eq!(e.len(), 1, "{target}: {e:?}");
+        assert!(e[0].starts_with("F:2:20: target `"), "{target}: {e:?}");
+        assert!(e[0].contains(want), "{target}: {e:?}");
+        assert!(!e[0].contains("hunter2"), "{e:?}");
+    }
+    for target in [
+        "http://127.0.0.1:65535",
+        "https://[::1]:8443",
+        "https://api.internal",
+        "http://api.internal/",
+    ] {
+        let (code, _, err, _) = check(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
+        assert_eq!(code, 0, "{target}: {err}");
+    }
+}
+
+/// A consumer key no request could carry (padded, or not visible ASCII: a request's key is
+/// read trimmed and only as visible ASCII) is an error at its position, not a key that never
+/// matches; the key itself is not echoed.
+#[test]
+fn a_consumer_key_no_request_can_carry_is_an_error() {
+    let with_key = |k: &str| {
+        format!("upstreams:\n  api: {{ targets: [http://127.0.0.1:1] }}\nroutes: []\nplans: {{ p: {{ limits: [{{ name: l, algorithm: gcra, rate: 1/s }}] }} }}\nconsumers:\n  - name: c\n    plan: p\n    keys: [ok-key, {k}]\n")
+    };
+    for k in [
+        "' padded-SECRET '",
+        "'tab-SECRET\t'",
+        "\"k\\u00e9y-SECRET\"",
+        "\"nl-SECRET\\n\"",
+    ] {
+        let e = errors(&with_key(k));
+        assert_eq!(e.len(), 1, "{k}: {e:?}");
+        assert!(
+            e[0].starts_with("F:8:20: an API key must be visible ASCII"),
+            "{k}: {e:?}"
+        );
+        assert!(!e[0].contains("SECRET"), "{e:?}");
+    }
+    let (code, _, err, _) = check(&with_key("'inner space'"));
     assert_eq!(code, 0, "{err}");
 }
 
@@ -455,6 +519,30 @@ fn non_loopback_admin_needs_a_token() {
         .output()
         .unwrap();
     assert!(out.status.success());
+    // A token no `Authorization: Bearer` header can carry would lock the API for good: it is
+    // refused. Around it, whitespace (a mounted secret's newline) is not part of it.
+    for (token, ok) in [
+        ("t t", false),
+        ("t\u{e9}", false),
+        ("t\x01", false),
+        (" t\n", true),
+    ] {
+        let out = Command::new(support::sluice_bin())
+            .arg("check")
+            .arg("-c")
+            .arg(&path)
+            .env("SLUICE_ADMIN_TOKEN", token)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.success(), ok, "{token:?}: {err}");
+        if !ok {
+            assert!(
+                err.contains(":1:1: SLUICE_ADMIN_TOKEN holds a space"),
+                "{err}"
+            );
+        }
+    }
 }
 
 /// The admin API and every listener need ports of their own. Without this check a gateway

@@ -295,6 +295,21 @@ async fn store_changes_wait_for_a_restart_and_keys_keep_their_prefix() {
     s.wait_reloads("success", 1.0).await;
     s.wait_log(&["store settings changed but need a restart"]);
     assert_eq!(admitted(&s, 3).await, 1, "same keys: 3 used of the new 4");
+
+    // A store section that would not start is refused now, at its position, rather than
+    // kept aside until the next restart fails on it; the running config keeps serving.
+    s.rewrite_config(&format!(
+        "store: {{ redis: {{ pool_size: 0, timeout: banana }} }}\n{}",
+        limited(&up, "5/1h")
+    ));
+    s.wait_reloads("error", 1.0).await;
+    let log = s.wait_log(&["config reload rejected"]);
+    let at = format!("{}:", s.config_path.display());
+    for says in ["pool_size must be", "invalid duration `banana`"] {
+        let line = log.lines().find(|l| l.contains(says));
+        assert!(line.is_some_and(|l| l.contains(&at)), "{says}: {log}");
+    }
+    assert_eq!(admitted(&s, 3).await, 0, "still the limit of 4");
 }
 
 #[tokio::test]

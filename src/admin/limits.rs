@@ -17,7 +17,7 @@ use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::params::Params;
 use crate::model::policy::OnMissing;
 use crate::pipeline::headers::ratelimit::retry_after_secs;
-use crate::pipeline::identify::percent_decode;
+use crate::pipeline::identify::{field_value, percent_decode};
 use crate::pipeline::Gateway;
 use http::{Response, StatusCode};
 
@@ -121,7 +121,12 @@ fn target(
     let material = match (key, fallback) {
         (Some(_), Some(_)) => Err("give `key` or `fallback_ip`, not both".to_string()),
         (None, Some(ip)) => fallback_material(rule, &ip, &table.client_ip),
-        (key, None) => material(rule, key.as_deref(), &table.client_ip),
+        (key, None) => material(
+            rule,
+            key.as_deref(),
+            &table.client_ip,
+            table.identities.jwt.is_some(),
+        ),
     }
     .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
     Ok((rule.params, material.store_key(&rule.key_base)))
@@ -136,8 +141,16 @@ fn param(query: Option<&str>, name: &str) -> Option<String> {
 }
 
 /// The identity material of a raw `key`, as `limit::identity_material` builds it from a
-/// request: parts in `by` order joined by NUL, IPs grouped like the request path groups them.
-fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<Material, String> {
+/// request: parts in `by` order joined by NUL, IPs grouped like the request path groups them,
+/// and field values (API keys, headers, a user from a header rather than a JWT, `jwt_users`)
+/// trimmed and held to visible ASCII as a request's are. A key no request can carry is a 400,
+/// not a peek at (or reset of) a counter nothing ever charges.
+fn material(
+    rule: &LimitRule,
+    key: Option<&str>,
+    ips: &ClientIpRules,
+    jwt_users: bool,
+) -> Result<Material, String> {
     if rule.by == [KeyPart::Route] {
         return match key {
             Some(k) if !k.is_empty() => Err(format!(
@@ -165,9 +178,20 @@ fn material(rule: &LimitRule, key: Option<&str>, ips: &ClientIpRules) -> Result<
     }
     let mut values = Vec::with_capacity(raw.len());
     for (i, (part, value)) in rule.by.iter().zip(raw).enumerate() {
+        let field = matches!(part, KeyPart::ApiKey | KeyPart::Header(_))
+            || (*part == KeyPart::User && !jwt_users);
         let value = match part {
             KeyPart::Ip => ip_key(value, ips)?,
-            KeyPart::Header(_) => value.trim().to_string(),
+            _ if field => match field_value(value) {
+                Some(v) => v.to_string(),
+                None if value.trim_matches([' ', '\t']).is_empty() => String::new(),
+                None => {
+                    return Err(format!(
+                        "the {} part of `key` is not visible ASCII: no request carries it",
+                        names[i]
+                    ))
+                }
+            },
             _ => value.to_string(),
         };
         if value.is_empty() {
@@ -279,7 +303,7 @@ routes:
                 let want = identity_material(r, &who).unwrap().unwrap();
                 // A composite key's `|` separates parts, so only the last part may hold one.
                 if limit == "combo" {
-                    assert!(material(r, Some(&key), &t.client_ip).is_err());
+                    assert!(material(r, Some(&key), &t.client_ip, false).is_err());
                     let mut h2 = h.clone();
                     h2.insert("x-user-id", HeaderValue::from_static("al|ice"));
                     h2.insert("x-api-key", HeaderValue::from_static("k1"));
@@ -291,21 +315,26 @@ routes:
                         &t.identities,
                     );
                     assert_eq!(
-                        material(r, Some(&format!("k1|{admin_ip}|acme|al|ice")), &t.client_ip)
-                            .unwrap(),
+                        material(
+                            r,
+                            Some(&format!("k1|{admin_ip}|acme|al|ice")),
+                            &t.client_ip,
+                            false
+                        )
+                        .unwrap(),
                         identity_material(r, &who2).unwrap().unwrap()
                     );
                     continue;
                 }
                 assert_eq!(
-                    material(r, Some(&key), &t.client_ip).unwrap(),
+                    material(r, Some(&key), &t.client_ip, false).unwrap(),
                     want,
                     "{limit} {peer}"
                 );
             }
             let whole = rule(&t, "whole");
             assert_eq!(
-                material(whole, None, &t.client_ip).unwrap(),
+                material(whole, None, &t.client_ip, false).unwrap(),
                 identity_material(whole, &who).unwrap().unwrap()
             );
         }
@@ -335,20 +364,49 @@ routes:
     fn bad_keys_are_explained() {
         let t = table();
         let ips = &t.client_ip;
-        assert!(material(rule(&t, "by-ip"), None, ips)
+        assert!(material(rule(&t, "by-ip"), None, ips, false)
             .unwrap_err()
             .contains("required"));
-        assert!(material(rule(&t, "by-ip"), Some("nope"), ips)
+        assert!(material(rule(&t, "by-ip"), Some("nope"), ips, false)
             .unwrap_err()
             .contains("not an IP"));
-        assert!(material(rule(&t, "combo"), Some("k1|1.2.3.4"), ips)
+        assert!(material(rule(&t, "combo"), Some("k1|1.2.3.4"), ips, false)
             .unwrap_err()
             .contains("4 parts"));
-        assert!(material(rule(&t, "combo"), Some("k1||acme|bob"), ips).is_err());
-        assert!(material(rule(&t, "whole"), Some("x"), ips).is_err());
+        assert!(material(rule(&t, "combo"), Some("k1||acme|bob"), ips, false).is_err());
+        assert!(material(rule(&t, "whole"), Some("x"), ips, false).is_err());
         assert_eq!(
-            material(rule(&t, "whole"), Some(""), ips).unwrap(),
+            material(rule(&t, "whole"), Some(""), ips, false).unwrap(),
             Material::of([""])
+        );
+    }
+
+    /// A key as a request carries it: padded with spaces or tabs it is the same key (a
+    /// request's is read trimmed); with a byte no header or query can carry it is refused.
+    #[test]
+    fn keys_are_read_as_requests_read_them() {
+        let t = table();
+        let ips = &t.client_ip;
+        for limit in ["by-key", "by-header", "by-user"] {
+            let r = rule(&t, limit);
+            let k1 = material(r, Some("k1"), ips, false).unwrap();
+            assert_eq!(material(r, Some(" k1\t"), ips, false).unwrap(), k1);
+            assert_eq!(
+                material(r, Some("a b"), ips, false).unwrap(),
+                Material::of(["a b"])
+            );
+            let e = material(r, Some("k\u{e9}y"), ips, false).unwrap_err();
+            assert!(e.contains("not visible ASCII"), "{e}");
+            assert!(material(r, Some("k\u{1}"), ips, false).is_err());
+            assert!(material(r, Some("  "), ips, false)
+                .unwrap_err()
+                .contains("empty"));
+        }
+        // A user from a JWT is taken as its claim is: Unicode, untrimmed.
+        let r = rule(&t, "by-user");
+        assert_eq!(
+            material(r, Some("\u{e9}lise "), ips, true).unwrap(),
+            Material::of(["\u{e9}lise "])
         );
     }
 

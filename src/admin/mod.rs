@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::config::compile::ADMIN_TOKEN_ENV;
+use crate::config::compile::admin_token;
 use crate::pipeline::body::{empty, full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
 use crate::pipeline::identify::bearer_token;
@@ -156,25 +156,28 @@ async fn reload_now(gw: Arc<Runtime>) -> Response<Body> {
 /// On an open (loopback) admin listener, a request's `Host` must be `localhost` or an IP
 /// address: a web page whose name an attacker pointed at 127.0.0.1 (DNS rebinding) could
 /// otherwise make a browser on this host read `/admin/config` or reset limits, with the
-/// page's name as `Host`. And a browser's request from another site (`Origin` naming
-/// anything else) is refused, so a page cannot post `/admin/reload` blind either. A
-/// token-guarded listener needs neither check.
+/// page's name as `Host`. And a browser's request from a page not served by this machine
+/// (`Origin` naming anything but `localhost` or a loopback address, a public IP included) is
+/// refused, so a page cannot post `/admin/reload` blind either. A token-guarded listener
+/// needs neither check.
 fn from_this_machine(gw: &Runtime, uri: &http::Uri, headers: &HeaderMap) -> bool {
     if !gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }
-    let local = |host: &str| {
+    // `localhost`, or an IP address (a loopback one only, with `loopback`).
+    let named = |host: &str, loopback: bool| {
         let name = crate::model::route::host_name(host);
         name.eq_ignore_ascii_case("localhost")
             || name
                 .trim_matches(['[', ']'])
                 .parse::<std::net::IpAddr>()
-                .is_ok()
+                .is_ok_and(|ip| !loopback || ip.to_canonical().is_loopback())
     };
+    let local = |host: &str| named(host, false);
     // `Origin: scheme://host[:port]`, or `null` from an opaque origin (a sandboxed page).
     if let Some(origin) = headers.get(ORIGIN) {
         let from = origin.to_str().ok().and_then(|o| o.split_once("://"));
-        if !from.is_some_and(|(_, host)| local(host)) {
+        if !from.is_some_and(|(_, host)| named(host, true)) {
             return false;
         }
     }
@@ -194,10 +197,7 @@ fn authorized(gw: &Runtime, headers: &HeaderMap) -> bool {
     if gw.boot.admin_listen.ip().is_loopback() {
         return true;
     }
-    let Some(expected) = std::env::var(ADMIN_TOKEN_ENV)
-        .ok()
-        .filter(|t| !t.is_empty())
-    else {
+    let Ok(Some(expected)) = admin_token() else {
         return false;
     };
     headers

@@ -28,6 +28,26 @@ use crate::pipeline::headers::ratelimit::policy_value;
 /// Environment variable holding the admin bearer token.
 pub const ADMIN_TOKEN_ENV: &str = "SLUICE_ADMIN_TOKEN";
 
+/// The admin bearer token from [`ADMIN_TOKEN_ENV`], without surrounding whitespace (a secret
+/// mounted from a file often ends in a newline). `Ok(None)`: unset or empty. `Err`: it holds
+/// a space or a character that is not visible ASCII, which no `Authorization: Bearer` value
+/// can carry, so no client could ever present it.
+pub fn admin_token() -> Result<Option<String>, String> {
+    let Ok(raw) = std::env::var(ADMIN_TOKEN_ENV) else {
+        return Ok(None);
+    };
+    let token = raw.trim();
+    if token.is_empty() {
+        return Ok(None);
+    }
+    if !token.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(format!(
+            "{ADMIN_TOKEN_ENV} holds a space, a control character or non-ASCII: no `Authorization: Bearer` header can carry it"
+        ));
+    }
+    Ok(Some(token.to_owned()))
+}
+
 struct Ctx<'a> {
     name: &'a str,
     pos: &'a Positions,
@@ -194,10 +214,12 @@ pub fn compile(
             ),
         );
     }
-    if !admin_listen.ip().is_loopback()
-        && std::env::var(ADMIN_TOKEN_ENV).map_or(true, |t| t.is_empty())
-    {
-        c.err("admin_listen", format!("admin_listen `{admin_listen}` is not a loopback address: set {ADMIN_TOKEN_ENV} so /admin/* requires a bearer token"));
+    if !admin_listen.ip().is_loopback() {
+        match admin_token() {
+            Ok(Some(_)) => {}
+            Ok(None) => c.err("admin_listen", format!("admin_listen `{admin_listen}` is not a loopback address: set {ADMIN_TOKEN_ENV} so /admin/* requires a bearer token")),
+            Err(e) => c.err("admin_listen", e),
+        }
     }
     let drain_timeout = c.duration("drain_timeout", &file.drain_timeout);
     let client_header_timeout = c.duration("client_header_timeout", &file.client_header_timeout);
@@ -544,30 +566,41 @@ fn identity_sources(c: &mut Ctx<'_>, s: &file::Identities) -> IdentitySources {
 /// `http://HOST[:PORT]` or `https://HOST[:PORT]`: the authority (default port filled in)
 /// and whether it is https.
 fn target(c: &mut Ctx<'_>, path: &str, t: &str) -> Option<(Authority, bool)> {
+    // A password in a target is refused, and never repeated in the error.
+    let shown = redact_url(t);
     let (rest, https, port) = match (t.strip_prefix("http://"), t.strip_prefix("https://")) {
         (Some(r), _) => (r, false, 80),
         (_, Some(r)) => (r, true, 443),
         _ => {
             c.err(
                 path,
-                format!("target `{t}` must be http://HOST:PORT or https://HOST:PORT"),
+                format!("target `{shown}` must be http://HOST:PORT or https://HOST:PORT"),
             );
             return None;
         }
     };
     let rest = rest.strip_suffix('/').unwrap_or(rest);
-    match rest.parse::<Authority>() {
-        Ok(a) if !rest.contains('/') && !rest.contains('@') => {
-            if a.port().is_some() {
-                Some((a, https))
-            } else {
-                format!("{rest}:{port}").parse().ok().map(|a| (a, https))
-            }
-        }
+    let parsed = match rest.parse::<Authority>() {
+        Ok(a) if !rest.contains('/') && !rest.contains('@') => a,
         _ => {
             c.err(
                 path,
-                format!("target `{t}` must be http(s)://HOST:PORT with no path"),
+                format!("target `{shown}` must be http(s)://HOST:PORT with no path or user"),
+            );
+            return None;
+        }
+    };
+    // The port as written (`host()` keeps an IPv6 address's brackets): none is the
+    // scheme's; one written must be 1–65535 (the authority parser takes any digits, or none).
+    match rest[parsed.host().len()..].strip_prefix(':') {
+        None if rest.len() == parsed.host().len() => {
+            format!("{rest}:{port}").parse().ok().map(|a| (a, https))
+        }
+        Some(p) if p.parse::<u16>().is_ok_and(|p| p > 0) => Some((parsed, https)),
+        _ => {
+            c.err(
+                path,
+                format!("target `{shown}` has no valid port (1-65535 after the host, or none)"),
             );
             None
         }
@@ -1305,6 +1338,17 @@ fn consumer_list(
                 here.err(&at, "an API key may not be empty");
                 continue;
             }
+            // A request's key is read trimmed, and only as visible ASCII (a header value with
+            // anything else is no key; a query key may not even hold a space): any other key
+            // could never match.
+            let inner = |b: u8| b.is_ascii_graphic() || b == b' ';
+            if key.trim() != key || !key.bytes().all(inner) {
+                here.err(
+                    &at,
+                    "an API key must be visible ASCII (spaces only inside) to be sent at all",
+                );
+                continue;
+            }
             use sha2::{Digest, Sha256};
             // The key itself is never echoed: errors name its position only.
             add(here, at, Sha256::digest(key.as_bytes()).into(), "this key");
@@ -1341,7 +1385,7 @@ fn read_consumers(path: &Path) -> Result<(Vec<file::Consumer>, Positions), Confi
     let name = path.display().to_string();
     let text = super::read(path, "consumers_file")?;
     let list = super::parse_yaml(&name, &text)?;
-    Ok((list, Positions::index(&text)))
+    Ok((list, Positions::index(super::without_bom(&text))))
 }
 
 /// A limit's `cost` as written: charged from the request, or from the answer.

@@ -122,8 +122,7 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     name: &str,
     text: &str,
 ) -> Result<T, ConfigErrors> {
-    // A byte-order mark (some Windows editors write one) is not part of the YAML.
-    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let text = without_bom(text);
     if let Err((line, col, message)) = document::check(text) {
         return Err(ConfigErrors(vec![ConfigError {
             file: name.to_string(),
@@ -158,9 +157,16 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// `text` without a leading byte-order mark (some Windows editors write one): it is not part
+/// of the YAML, and counted in, every position on the first line would be one column off and
+/// the first key would not be found by name.
+pub fn without_bom(text: &str) -> &str {
+    text.strip_prefix('\u{feff}').unwrap_or(text)
+}
+
 /// Validate and compile a parsed file; `text` is its source, for positions and the version.
 pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, ConfigErrors> {
-    let positions = position::Positions::index(text);
+    let positions = position::Positions::index(without_bom(text));
     let version = version_of(text, &compile::watched_files(name, &file));
     let (boot, table) = compile::compile(name, &file, &positions, version)?;
     // Certificate and key files are read here, so `check`, start and every reload refuse a

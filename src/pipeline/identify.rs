@@ -187,7 +187,7 @@ fn names(k: &str, name: &str) -> bool {
 
 /// A field value as identities take it: trimmed; none if empty or if a byte is not visible
 /// ASCII (a space or tab inside is kept), as [`HeaderValue::to_str`] reads header values.
-fn field_value(v: &str) -> Option<&str> {
+pub(crate) fn field_value(v: &str) -> Option<&str> {
     let visible = |b: u8| b == b'\t' || (0x20..0x7f).contains(&b);
     trimmed(v).filter(|v| v.bytes().all(visible))
 }

@@ -88,6 +88,9 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         // keys keep the running `key_prefix` (a changed store section waits for a restart).
         let running = &gw.live.load().file.store;
         if file.store != *running {
+            // Checked as written first: the next restart runs it, so a store section that
+            // would not start is refused now, not found then.
+            config::compile_file(&name, &text, file.clone())?;
             tracing::warn!("store settings changed but need a restart; the running store is kept");
             file.store = running.clone();
         }
