@@ -378,6 +378,11 @@ async fn limit_lookups_validate_route_limit_and_key() {
         ("/admin/limits/by-ip/per-ip", 400, "`key` is required"),
         ("/admin/limits/by-ip/per-ip?key=", 400, "`key` is required"),
         ("/admin/limits/by-ip/per-ip?key=not-an-ip", 400, "not an IP"),
+        (
+            "/admin/limits/by-ip/per-ip?key=1.2.3.4&key=5.6.7.8",
+            400,
+            "more than once",
+        ),
         ("/admin/limits/combo/key-and-ip?key=k1", 400, "2 parts"),
         ("/admin/limits/shared/whole?key=x", 400, "omit `key`"),
         (

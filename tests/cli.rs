@@ -280,6 +280,18 @@ fn a_byte_order_mark_is_not_part_of_the_config() {
     assert_eq!(errors(&format!("\u{feff}{flow}")), errors(flow));
 }
 
+/// A document nested deeper than any config is refused where it crosses the bound, before
+/// the YAML parser spends time quadratic in its depth on it (80 000 levels took 19 s).
+#[test]
+fn deep_nesting_is_an_error_at_its_position() {
+    for n in [65, 300, 80_000] {
+        let e = errors(&format!("{OK}x: {}{}\n", "[".repeat(n), "]".repeat(n)));
+        assert_eq!(e.len(), 1, "{n}: {e:?}");
+        assert!(e[0].starts_with("F:12:"), "{n}: {e:?}");
+        assert!(e[0].ends_with("nested deeper than 64 levels"), "{n}: {e:?}");
+    }
+}
+
 /// An upstream target is `http(s)://HOST[:PORT]` with a real port: one out of range, empty or
 /// 0 would pass the check and then fail every request with 502. A password in a target is
 /// refused and never repeated.
@@ -307,6 +319,30 @@ fn a_target_needs_a_real_port_and_no_password() {
         let (code, _, err, _) = check(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
         assert_eq!(code, 0, "{target}: {err}");
     }
+}
+
+/// A Redis node is `host:port`; credentials written into one are refused and not repeated.
+#[test]
+fn a_redis_node_is_host_and_port_only() {
+    let with_node = |n: &str| {
+        format!("store: {{ kind: redis, redis: {{ mode: sentinel, sentinel_service: m, nodes: ['{n}'] }} }}\n{OK}")
+    };
+    for n in [
+        "user:hunter2@10.0.0.1:26379",
+        "10.0.0.1:0",
+        "10.0.0.1",
+        "a/b:1",
+    ] {
+        let e = errors(&with_node(n));
+        assert_eq!(e.len(), 1, "{n}: {e:?}");
+        assert!(
+            e[0].contains("must be host:port, with no user or password"),
+            "{n}: {e:?}"
+        );
+        assert!(!e[0].contains("hunter2"), "{e:?}");
+    }
+    let (code, _, err, _) = check(&with_node("sentinel-1:26379"));
+    assert_eq!(code, 0, "{err}");
 }
 
 /// A consumer key no request could carry (padded, or not visible ASCII: a request's key is

@@ -481,6 +481,16 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
         v1,
         "a refused list changes nothing"
     );
+
+    // Emptied (or only comments left): no list at all is refused too, rather than read as
+    // no consumers, which would refuse every request of a `consumers: required` route.
+    std::fs::write(&tmp, "# all gone\n").unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    s.wait_reloads("error", 2.0).await;
+    let log = s.wait_log(&["consumers_file holds no list"]);
+    assert!(log.contains(&format!("{}:1:1:", path.display())), "{log}");
+    assert_eq!(status(&c, &s, "/a", &[("x-api-key", PRO_KEY)]).await, 200);
+    assert_eq!(served_version(&c, &s).await, v1);
 }
 
 /// The version `/admin/config` shows, checked against `sluice_config_info`'s only series.

@@ -116,8 +116,10 @@ fn target(
             &format!("route `{route}` has no limit `{limit}`"),
         ));
     };
-    let key = param(query, "key");
-    let fallback = param(query, "fallback_ip");
+    let (key, fallback) = match (param(query, "key"), param(query, "fallback_ip")) {
+        (Ok(k), Ok(f)) => (k, f),
+        (Err(e), _) | (_, Err(e)) => return Err(problem(StatusCode::BAD_REQUEST, &e)),
+    };
     let material = match (key, fallback) {
         (Some(_), Some(_)) => Err("give `key` or `fallback_ip`, not both".to_string()),
         (None, Some(ip)) => fallback_material(rule, &ip, &table.client_ip),
@@ -132,12 +134,20 @@ fn target(
     Ok((rule.params, material.store_key(&rule.key_base)))
 }
 
-/// The decoded value of `name` in a query string.
-fn param(query: Option<&str>, name: &str) -> Option<String> {
-    query?.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (percent_decode(k) == name).then(|| percent_decode(v))
-    })
+/// The decoded value of `name` in a query string; given twice, which one is meant is not
+/// known (a reset must not guess), and that is an error.
+fn param(query: Option<&str>, name: &str) -> Result<Option<String>, String> {
+    let mut values = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .filter_map(|pair| {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            (percent_decode(k) == name).then(|| percent_decode(v))
+        });
+    match (values.next(), values.next()) {
+        (Some(_), Some(_)) => Err(format!("`{name}` is given more than once")),
+        (v, _) => Ok(v),
+    }
 }
 
 /// The identity material of a raw `key`, as `limit::identity_material` builds it from a
@@ -413,10 +423,14 @@ routes:
     #[test]
     fn query_params_are_form_decoded() {
         assert_eq!(
-            param(Some("a=1&key=k%7C1%20x+y"), "key").as_deref(),
+            param(Some("a=1&key=k%7C1%20x+y"), "key")
+                .unwrap()
+                .as_deref(),
             Some("k|1 x y")
         );
-        assert_eq!(param(Some("keyx=1"), "key"), None);
-        assert_eq!(param(None, "key"), None);
+        assert_eq!(param(Some("keyx=1"), "key"), Ok(None));
+        assert_eq!(param(None, "key"), Ok(None));
+        assert!(param(Some("key=a&key=b"), "key").is_err());
+        assert!(param(Some("key=a&%6Bey=a"), "key").is_err());
     }
 }

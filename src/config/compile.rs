@@ -422,13 +422,18 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
         }
     }
     for (i, n) in r.nodes.iter().enumerate() {
-        let ok = n
-            .rsplit_once(':')
-            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+        let ok = n.rsplit_once(':').is_some_and(|(h, p)| {
+            !h.is_empty() && !h.contains(['@', '/']) && p.parse::<u16>().is_ok_and(|p| p > 0)
+        });
         if !ok {
+            // Credentials written into a node are not repeated in the error.
+            let shown = match n.rsplit_once('@') {
+                Some((_, host)) => format!("***@{host}"),
+                None => n.clone(),
+            };
             c.err(
                 &format!("store.redis.nodes[{i}]"),
-                format!("node `{n}` must be host:port"),
+                format!("node `{shown}` must be host:port, with no user or password"),
             );
         }
     }
@@ -1384,7 +1389,17 @@ fn sha256_hex(h: &str) -> Option<[u8; 32]> {
 fn read_consumers(path: &Path) -> Result<(Vec<file::Consumer>, Positions), ConfigErrors> {
     let name = path.display().to_string();
     let text = super::read(path, "consumers_file")?;
-    let list = super::parse_yaml(&name, &text)?;
+    // A file with no list at all (empty, or only comments) is more likely caught mid-write or
+    // emptied by mistake than meant: with `consumers: required` it would refuse every request.
+    let list: Option<Vec<file::Consumer>> = super::parse_yaml(&name, &text)?;
+    let Some(list) = list else {
+        return Err(ConfigErrors(vec![ConfigError {
+            file: name,
+            line: 1,
+            col: 1,
+            message: "consumers_file holds no list (write `[]` for no consumers)".into(),
+        }]));
+    };
     Ok((list, Positions::index(super::without_bom(&text))))
 }
 
