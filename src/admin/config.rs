@@ -36,9 +36,11 @@ pub(crate) fn document(
 /// What replaces a secret value.
 pub(crate) const REDACTED: &str = "***";
 
-/// Blank out secrets: the value of any field whose name says password, secret, token, key,
-/// cookie or authorization (route `match.headers` included: a route may match on a shared
-/// secret header), and the password of any URL. Fields ending in `_env` name an environment
+/// Blank out secrets: the value of any field whose name says pass(word), secret, token,
+/// signature, cookie, credential, authorization, api key or private, or ends in `-key` or
+/// `_key` (not a certificate's `key`, a file path), route
+/// `match.headers` included: a route may match on a shared secret header such as
+/// `X-Auth-Key`), and the password of any URL. Fields ending in `_env` name an environment
 /// variable, not its value, and stay.
 fn redact(v: &mut Value, field: Option<&str>) {
     match v {
@@ -60,21 +62,23 @@ fn secret_field(name: &str) -> bool {
     if n.ends_with("_env") {
         return false;
     }
-    [
-        "password",
-        "passwd",
-        "secret",
-        "token",
-        "authorization",
-        "cookie",
-        "credential",
-        "api_key",
-        "api-key",
-        "apikey",
-        "private",
-    ]
-    .iter()
-    .any(|w| n.contains(w))
+    n.ends_with("-key")
+        || n.ends_with("_key")
+        || [
+            "pass",
+            "secret",
+            "signature",
+            "token",
+            "authorization",
+            "cookie",
+            "credential",
+            "api_key",
+            "api-key",
+            "apikey",
+            "private",
+        ]
+        .iter()
+        .any(|w| n.contains(w))
 }
 
 /// `2024-05-01T12:34:56Z` (UTC, whole seconds).
@@ -127,12 +131,21 @@ mod tests {
             },
             "routes": [{ "match": { "headers": {
                 "X-Internal-Token": "tok-123", "Authorization": "Bearer abc", "X-Env": "prod",
+            "X-Auth-Key": "k-456", "X-Shared-Pass": "p-789", "X-Signature": "s-012",
             }}}],
+            "listen": [{ "tls": { "certificates": [{ "cert": "/tls/a.crt", "key": "/tls/a.key" }] } }],
             "upstreams": { "api": { "targets": ["http://127.0.0.1:3000"] } },
         });
         redact(&mut v, None);
         let text = v.to_string();
-        for secret in ["hunter2", "tok-123", "Bearer abc"] {
+        for secret in [
+            "hunter2",
+            "tok-123",
+            "Bearer abc",
+            "k-456",
+            "p-789",
+            "s-012",
+        ] {
             assert!(!text.contains(secret), "{secret} leaked: {text}");
         }
         assert_eq!(v["store"]["redis"]["url"], "redis://app:***@redis:6379/0");
@@ -142,6 +155,11 @@ mod tests {
         assert_eq!(v["identities"]["api_key"]["query"], "api_key");
         assert_eq!(v["identities"]["user"]["jwt"]["secret_env"], "JWT_SECRET");
         assert_eq!(v["routes"][0]["match"]["headers"]["X-Env"], "prod");
+        let pair = &v["listen"][0]["tls"]["certificates"][0];
+        assert_eq!(
+            (pair["cert"].as_str(), pair["key"].as_str()),
+            (Some("/tls/a.crt"), Some("/tls/a.key"))
+        );
         assert_eq!(v["upstreams"]["api"]["targets"][0], "http://127.0.0.1:3000");
     }
 }
