@@ -31,6 +31,21 @@ fn errors(yaml: &str) -> Vec<String> {
     err.lines().map(|l| l.replacen(&path, "F", 1)).collect()
 }
 
+/// `yaml` fails with exactly one error, starting with `at` (`F:LINE:COL: …`, or `F:` for any
+/// position), saying `says`, and never repeating `secret`.
+fn one_error(yaml: &str, at: &str, says: &str, secret: &str) {
+    let e = errors(yaml);
+    assert_eq!(e.len(), 1, "{yaml}\n{e:?}");
+    assert!(e[0].starts_with(at) && e[0].contains(says), "{yaml}\n{e:?}");
+    assert!(!e[0].contains(secret), "{secret} echoed: {e:?}");
+}
+
+/// `yaml` passes `sluice check`.
+fn passes(yaml: &str) {
+    let (code, _, err, _) = check(yaml);
+    assert_eq!(code, 0, "{yaml}\n{err}");
+}
+
 const OK: &str = "upstreams:
   api: { targets: [http://127.0.0.1:3000] }
 routes:
@@ -304,11 +319,8 @@ fn a_target_needs_a_real_port_and_no_password() {
         ("https://[::1]:65536", "has no valid port"),
         ("http://u:hunter2@127.0.0.1:8080", "with no path or user"),
     ] {
-        let e = errors(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
-        assert_eq!(e.len(), 1, "{target}: {e:?}");
-        assert!(e[0].starts_with("F:2:20: target `"), "{target}: {e:?}");
-        assert!(e[0].contains(want), "{target}: {e:?}");
-        assert!(!e[0].contains("hunter2"), "{e:?}");
+        let yaml = OK.replace("http://127.0.0.1:3000", &format!("'{target}'"));
+        one_error(&yaml, "F:2:20: target `", want, "hunter2");
     }
     for target in [
         "http://127.0.0.1:65535",
@@ -316,8 +328,7 @@ fn a_target_needs_a_real_port_and_no_password() {
         "https://api.internal",
         "http://api.internal/",
     ] {
-        let (code, _, err, _) = check(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
-        assert_eq!(code, 0, "{target}: {err}");
+        passes(&OK.replace("http://127.0.0.1:3000", &format!("'{target}'")));
     }
 }
 
@@ -333,16 +344,10 @@ fn a_redis_node_is_host_and_port_only() {
         "10.0.0.1",
         "a/b:1",
     ] {
-        let e = errors(&with_node(n));
-        assert_eq!(e.len(), 1, "{n}: {e:?}");
-        assert!(
-            e[0].contains("must be host:port, with no user or password"),
-            "{n}: {e:?}"
-        );
-        assert!(!e[0].contains("hunter2"), "{e:?}");
+        let says = "must be host:port, with no user or password";
+        one_error(&with_node(n), "F:1:", says, "hunter2");
     }
-    let (code, _, err, _) = check(&with_node("sentinel-1:26379"));
-    assert_eq!(code, 0, "{err}");
+    passes(&with_node("sentinel-1:26379"));
 }
 
 /// A consumer key no request could carry (padded, or not visible ASCII: a request's key is
@@ -359,16 +364,10 @@ fn a_consumer_key_no_request_can_carry_is_an_error() {
         "\"k\\u00e9y-SECRET\"",
         "\"nl-SECRET\\n\"",
     ] {
-        let e = errors(&with_key(k));
-        assert_eq!(e.len(), 1, "{k}: {e:?}");
-        assert!(
-            e[0].starts_with("F:8:20: an API key must be visible ASCII"),
-            "{k}: {e:?}"
-        );
-        assert!(!e[0].contains("SECRET"), "{e:?}");
+        let says = "an API key must be visible ASCII";
+        one_error(&with_key(k), "F:8:20: ", says, "SECRET");
     }
-    let (code, _, err, _) = check(&with_key("'inner space'"));
-    assert_eq!(code, 0, "{err}");
+    passes(&with_key("'inner space'"));
 }
 
 /// An API key written as a scalar instead of a list is refused without being echoed.
