@@ -235,6 +235,55 @@ async fn h2c_prior_knowledge() {
     assert!(r.header("x-request-id").is_some());
 }
 
+/// What HTTP/1.1's parser would not carry is refused over HTTP/2 too, so both protocols reach
+/// the routes alike: a value with white space at either end (RFC 9113 §8.2.1: malformed;
+/// passed on, `prod ` would miss the route matching `prod` and its limit, while the upstream
+/// reads `prod`), a name that is not a token, and more than 100 fields (431).
+#[tokio::test]
+async fn http2_requests_http1_could_not_send_are_refused() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams: {{ up: {{ targets: [{}] }} }}\nroutes:\n  - name: prod\n    match: {{ path_prefix: /, headers: {{ X-Env: prod }} }}\n    upstream: up\n    limits: [ {{ name: l, by: ip, algorithm: fixed_window, rate: 1/1m }} ]\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n",
+        up.url()
+    ));
+    let c: HttpClient =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+    assert_eq!(
+        get(&c, &s.url("/a"), &[("x-env", "prod")]).await.status,
+        200
+    );
+    for v in ["prod ", " prod", "prod\t", "\tprod"] {
+        let r = get(&c, &s.url("/a"), &[("x-env", v)]).await;
+        assert_eq!(r.status, 400, "{v:?}: {}", r.text());
+        assert!(r.text().contains("white space"), "{}", r.text());
+    }
+    assert_eq!(
+        get(&c, &s.url("/a"), &[("x-env", "prod")]).await.status,
+        429,
+        "the limit still holds"
+    );
+    let quoted = http::Request::builder()
+        .uri(s.url("/b"))
+        .header(http::HeaderName::from_lowercase(b"x\"q").unwrap(), "v")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let r = c.request(quoted).await.unwrap();
+    assert_eq!(r.status(), 400);
+    let many: Vec<(String, String)> = (0..101).map(|i| (format!("x-f{i}"), "1".into())).collect();
+    let many: Vec<(&str, &str)> = many.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(get(&c, &s.url("/b"), &many).await.status, 431);
+    // (The gateway adds its forwarding fields, and the test upstream too takes 100 at most.)
+    let r = get(&c, &s.url("/b"), &many[..90]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        up.hits(),
+        2,
+        "only the two well-formed requests went upstream"
+    );
+}
+
 /// A gateway whose `/dead` goes to a target that refuses connections, and everything else to
 /// `mixed`: that refusing target first, then `up`.
 fn refusing_first(up: &Upstream) -> Sluice {

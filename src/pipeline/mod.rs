@@ -160,7 +160,11 @@ impl Gateway {
         hop_by_hop::strip_listed(&mut ctx.parts.headers);
         if ctx.parts.version == Version::HTTP_2 {
             // What HTTP/1.1's parser settles itself: split cookies joined, one length, and a
-            // `:path` that is a path (RFC 9113 §8.3.1; `?a=1` reads as `/` otherwise).
+            // `:path` that is a path (RFC 9113 §8.3.1; `?a=1` reads as `/` otherwise); and
+            // what it would not have carried is refused as it would have.
+            if h2::too_many_fields(&ctx.parts.headers) {
+                return Err(GatewayError::HeadTooLarge);
+            }
             h2::to_http1(&mut ctx.parts.headers).map_err(|e| GatewayError::BadRequest(e.into()))?;
             if ctx
                 .uri
