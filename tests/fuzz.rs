@@ -2177,6 +2177,7 @@ fn charged(
     let route = &t.routes[0];
     let mut who = Identity::new(
         [8, 8, 8, 8].into(),
+        true,
         &headers,
         None,
         &t.client_ip,

@@ -117,6 +117,17 @@ fn https_over_http1_and_http2_beside_cleartext() {
     let echoed: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(echoed["headers"]["x-forwarded-proto"][0], "https");
 
+    // An HTTP/1.0 client offers ALPN `http/1.0` only: served (it got a fatal alert before).
+    let (code, version, _) = curl(
+        &["--http1.0", "--cacert", ca_arg, "--resolve", &resolve],
+        &url,
+    );
+    assert_eq!(
+        (code.as_str(), version.as_str()),
+        ("200", "1"),
+        "ALPN http/1.0 (curl writes HTTP/1.0 as `1`)"
+    );
+
     // The cleartext listener beside it says http, and a client that does not trust the CA
     // is refused by its own TLS stack.
     let (code, _, body) = curl(&[], &gw.url("/plain"));
@@ -131,7 +142,7 @@ fn https_over_http1_and_http2_beside_cleartext() {
         !untrusting.status.success(),
         "curl without the CA must fail"
     );
-    assert_eq!(up.hits(), 3);
+    assert_eq!(up.hits(), 4);
 }
 
 /// `openssl s_client` against the TLS listener: its stdout and whether it connected.
@@ -346,6 +357,22 @@ fn rustls_pemfile_certs(pem: &[u8]) -> Vec<CertificateDer<'static>> {
     CertificateDer::pem_slice_iter(pem)
         .map(|c| c.unwrap())
         .collect()
+}
+
+/// The leaf certificate a handshake for `localhost` on `port` gets, unverified (openssl: a
+/// verifying client refuses an expired one before it could be looked at).
+fn served_unverified(port: u16) -> Vec<u8> {
+    need("openssl", "openssl");
+    let out = Command::new("openssl")
+        .args(["s_client", "-connect", &format!("127.0.0.1:{port}")])
+        .args(["-servername", "localhost", "-showcerts"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let certs = rustls_pemfile_certs(&out.stdout);
+    let leaf = certs.first();
+    leaf.unwrap_or_else(|| panic!("no certificate: {out:?}"))
+        .to_vec()
 }
 
 /// Which pair a new handshake gets now.
@@ -594,19 +621,51 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         &other.key,
         &["do not belong together"],
     );
-    refused("expired.yaml", &expired.cert, &expired.key, &["expired"]);
+    // An expired pair loads, with a warning at its entry (as nginx and Envoy serve one):
+    // refusing it would stop every reload and a restart until it is renewed.
+    let warned = |name: &str, cert: &Path, key: &Path, says: &[&str]| {
+        let (path, text) = write(name, &entry(cert, key));
+        let (ok, _, err) = check(&path);
+        assert!(ok, "{err}");
+        let file = cert.file_name().unwrap().to_str().unwrap();
+        let at = format!("{}:{}:", path.display(), line_of(&text, file));
+        assert!(err.starts_with(&at) && err.contains("warning"), "{err}");
+        for s in says {
+            assert!(err.contains(s), "{s}: {err}");
+        }
+    };
+    warned(
+        "expired.yaml",
+        &expired.cert,
+        &expired.key,
+        &[
+            "(expired.test) expired 2 days ago",
+            "served anyway; renew it",
+        ],
+    );
 
     // A valid leaf whose chain holds an expired certificate: every verifying client would
-    // fail, so the pair is refused as expired, naming the chain's certificate.
+    // fail, so the pair is warned about as expired, naming the chain's certificate.
     let chained = dir.path().join("chained.crt");
     let chain = std::fs::read_to_string(&good.cert).unwrap()
         + &std::fs::read_to_string(&expired.cert).unwrap();
     std::fs::write(&chained, chain).unwrap();
-    refused(
+    warned(
         "chain.yaml",
         &chained,
         &good.key,
-        &["good.test's chain: expired.test", "expired"],
+        &["(good.test's chain: expired.test) expired"],
+    );
+
+    // A file cut short: its error says so in words.
+    let cut = dir.path().join("cut.crt");
+    let pem = std::fs::read_to_string(&good.cert).unwrap();
+    std::fs::write(&cut, &pem[..pem.len() / 2]).unwrap();
+    refused(
+        "cut.yaml",
+        &cut,
+        &good.key,
+        &["has no `-----END CERTIFICATE-----` line"],
     );
     refused(
         "missing.yaml",
@@ -731,15 +790,77 @@ async fn a_bad_rotation_keeps_the_old_pair_serving() {
     put(&second.cert, "tls.crt");
     assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
     assert!(gw.reloads("success").await >= 1.0);
+
+    // An expired pair rotated in over a valid one (a wrong file): refused, the valid one
+    // kept.
+    let expired = ca.leaf(dir.path(), "expired", &["localhost"], -1);
+    let errors = gw.reloads("error").await;
+    put(&expired.key, "tls.key");
+    put(&expired.cert, "tls.crt");
+    gw.wait_reloads("error", errors + 1.0).await;
+    gw.wait_log(&["running certificates are all valid and are kept"]);
+    assert_eq!(served(&c).await, second.der);
+}
+
+/// An expired certificate does not take the gateway down: it starts and serves with it (as
+/// nginx and Envoy do), with a warning, and reloads that change anything else go through,
+/// until a renewed pair replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_blocks_neither_start_nor_reloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let expired = ca.leaf(dir.path(), "expired", &["localhost"], -1);
+    let renewed = ca.leaf(dir.path(), "renewed", &["localhost"], 90);
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let put = |from: &Path, name: &str| rename_over(from, &live.join(name));
+    put(&expired.cert, "tls.crt");
+    put(&expired.key, "tls.key");
+    let up = Upstream::start();
+    let port = free_port();
+    let pair = format!(
+        "      certificates:\n        - {{ cert: {l}/tls.crt, key: {l}/tls.key }}\n",
+        l = live.display()
+    );
+    let gw = Sluice::start(&config(&up, port, &pair, ""));
+    gw.wait_log(&["expired 1 days ago", "served anyway"]);
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+    assert_eq!(served_unverified(port), expired.der);
+
+    // Another change reloads while the running pair is expired.
+    let version = gw.config_version();
+    gw.replace_config(&config(&up, port, &pair, "").replace("name: all", "name: all2"));
+    gw.wait_reloads("success", 1.0).await;
+    assert_ne!(gw.config_version(), version);
+
+    // And the renewal is served (a verifying client refuses the expired one till then).
+    put(&renewed.key, "tls.key");
+    put(&renewed.cert, "tls.crt");
+    let want = renewed.der.clone();
+    let renewed_served = eventually(Duration::from_secs(10), move || {
+        let want = want.clone();
+        async move { served_unverified(port) == want }
+    })
+    .await;
+    assert!(renewed_served, "{}", gw.log());
+    assert_eq!(served(&c).await, renewed.der);
 }
 
 /// A raw HTTP/1.1 exchange: `prefix` (a PROXY header) then a GET, the whole answer.
 fn raw_exchange(addr: SocketAddr, prefix: &[u8], path: &str) -> String {
+    raw_exchange_with(addr, prefix, path, "")
+}
+
+/// [`raw_exchange`] with `fields` (`Name: value\r\n` lines) in the GET's head.
+fn raw_exchange_with(addr: SocketAddr, prefix: &[u8], path: &str, fields: &str) -> String {
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(prefix).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\n{fields}Connection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
     String::from_utf8_lossy(&out).to_string()
@@ -787,6 +908,33 @@ routes:
     )
 }
 
+/// The PROXY header and the first bytes of HTTP share one `client_header_timeout` from
+/// accept: a client that spends most of it on the header cannot have it again for the rest.
+#[test]
+fn the_proxy_header_and_the_first_bytes_share_one_timeout() {
+    let up = Upstream::start();
+    let gw = Sluice::start(&format!(
+        "{}client_header_timeout: 2s\n",
+        pp_config(&up, "127.0.0.1/32")
+    ));
+    let exchange = |header_after: u64, request_after: u64| {
+        let mut s = std::net::TcpStream::connect(gw.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(6))).unwrap();
+        std::thread::sleep(Duration::from_millis(header_after));
+        let _ = s.write_all(b"PROXY TCP4 203.0.113.9 10.0.0.1 5555 80\r\n");
+        std::thread::sleep(Duration::from_millis(request_after));
+        let _ = s.write_all(b"GET /t HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        String::from_utf8_lossy(&out).to_string()
+    };
+    // Both well within the 2 s: served.
+    assert!(exchange(300, 300).starts_with("HTTP/1.1 200"));
+    // The header after 1 s, the request 1.6 s later: past 2 s from accept, though within 2 s
+    // of the header. Closed without an answer.
+    assert_eq!(exchange(1000, 1600), "");
+}
+
 #[test]
 fn proxy_protocol_names_the_client_only_for_trusted_proxies() {
     let up = Upstream::start();
@@ -814,6 +962,24 @@ fn proxy_protocol_names_the_client_only_for_trusted_proxies() {
     let e = raw_exchange(gw.addr, b"PROXY UNKNOWN\r\n", "/five");
     assert!(e.starts_with("HTTP/1.1 200"), "{e}");
     assert_eq!(forwarded_for(&e), "127.0.0.1");
+    // And its forwarding headers are the client's own (a proxy speaking PROXY writes none):
+    // not believed, though the peer is trusted. Every such request counts as the peer's.
+    let mut statuses = Vec::new();
+    for i in 1..=3 {
+        let fields = format!("X-Forwarded-For: 198.51.100.{i}\r\nX-Real-IP: 198.51.100.{i}\r\n");
+        let a = raw_exchange_with(gw.addr, b"PROXY UNKNOWN\r\n", "/six", &fields);
+        statuses.push(a[9..12].to_string());
+        if a.starts_with("HTTP/1.1 200") {
+            let body: serde_json::Value =
+                serde_json::from_str(&a[a.find("\r\n\r\n").unwrap() + 4..]).unwrap();
+            assert_eq!(body["headers"]["x-real-ip"][0], "127.0.0.1", "{a}");
+        }
+    }
+    assert_eq!(
+        statuses,
+        ["200", "429", "429"],
+        "the peer's budget, used once above"
+    );
     // No header, or a malformed one: closed without an answer, never forwarded.
     let hits = up.hits();
     assert_eq!(raw_exchange(gw.addr, b"", "/no-header"), "");

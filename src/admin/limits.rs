@@ -301,7 +301,14 @@ routes:
             ("2001:db8:1:2::9", "2001:db8:1:ffff::1"),
             ("::ffff:198.51.100.1", "198.51.100.1"),
         ] {
-            let who = Identity::new(peer.parse().unwrap(), &h, None, &t.client_ip, &t.identities);
+            let who = Identity::new(
+                peer.parse().unwrap(),
+                true,
+                &h,
+                None,
+                &t.client_ip,
+                &t.identities,
+            );
             for (limit, key) in [
                 ("by-ip", admin_ip.to_string()),
                 ("by-key", "k|1".to_string()),
@@ -319,6 +326,7 @@ routes:
                     h2.insert("x-api-key", HeaderValue::from_static("k1"));
                     let who2 = Identity::new(
                         peer.parse().unwrap(),
+                        true,
                         &h2,
                         None,
                         &t.client_ip,
@@ -356,6 +364,7 @@ routes:
         let h = HeaderMap::new();
         let who = Identity::new(
             "203.0.113.7".parse().unwrap(),
+            true,
             &h,
             None,
             &t.client_ip,

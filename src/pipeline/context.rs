@@ -26,6 +26,11 @@ pub struct ConnInfo {
     pub peer: Peer,
     /// The client a PROXY header named (believed only from `trusted_proxies`).
     pub proxied: Option<Peer>,
+    /// A PROXY header that named no client (`LOCAL`: the proxy's own health check;
+    /// `UNKNOWN`, or an address family without one, such as a unix socket front end). A
+    /// proxy that speaks PROXY works below HTTP and writes no forwarding headers, so those on
+    /// this connection are the client's own: not believed, however trusted the peer.
+    pub unnamed: bool,
     /// Whether the connection is TLS (`X-Forwarded-Proto: https`).
     pub tls: bool,
 }
@@ -44,6 +49,7 @@ impl ConnInfo {
         ConnInfo {
             peer: Peer::new(peer),
             proxied: proxied.map(Peer::new),
+            unnamed: false,
             tls,
         }
     }
@@ -81,6 +87,10 @@ pub struct Ctx {
     pub conn: Arc<ConnInfo>,
     /// Whether the client a PROXY header named is believed: the peer is a trusted proxy.
     pub proxied: bool,
+    /// Whether the forwarding headers (`X-Forwarded-*`, `Forwarded`, `X-Real-IP`) are
+    /// believed: the peer (after PROXY) is a trusted proxy, and no PROXY header said the
+    /// connection named no client ([`ConnInfo::unnamed`]).
+    pub forwarding_believed: bool,
     pub rid: HeaderValue,
     /// The request head, without its target (read once into `uri`).
     pub parts: Parts,
@@ -117,12 +127,18 @@ impl Ctx {
                 .table
                 .client_ip
                 .is_trusted(conn.peer.addr.ip().to_canonical());
+        let forwarding_believed = !conn.unnamed
+            && live
+                .table
+                .client_ip
+                .is_trusted(conn.client(proxied).addr.ip().to_canonical());
         let uri = std::mem::take(&mut parts.uri);
         Ctx {
             live,
             started: Instant::now(),
             conn,
             proxied,
+            forwarding_believed,
             rid: request_id::get_or_make(&parts.headers),
             parts,
             uri,

@@ -311,14 +311,21 @@ pub struct Identity<'a> {
 }
 
 impl<'a> Identity<'a> {
+    /// `forwarding_believed`: whether the headers may name the client at all (see
+    /// `Ctx::forwarding_believed`); then `rules` say which hop it is.
     pub fn new(
         peer: IpAddr,
+        forwarding_believed: bool,
         headers: &'a HeaderMap,
         query: Option<&'a str>,
         rules: &ClientIpRules,
         sources: &'a IdentitySources,
     ) -> Self {
-        let client_ip = rules.client_ip(peer, headers);
+        let client_ip = if forwarding_believed {
+            rules.client_ip(peer, headers)
+        } else {
+            peer.to_canonical()
+        };
         Identity {
             client_ip,
             ip_key: rules.group(client_ip),

@@ -229,6 +229,7 @@ impl Gateway {
         let plan = {
             let mut who = Identity::new(
                 ctx.peer().addr.ip(),
+                ctx.forwarding_believed,
                 &ctx.parts.headers,
                 ctx.uri.query(),
                 &table.client_ip,
@@ -404,7 +405,7 @@ impl Gateway {
         forwarded::apply(
             &mut headers,
             &peer.text,
-            table.client_ip.is_trusted(peer.addr.ip().to_canonical()),
+            ctx.forwarding_believed,
             host,
             ctx.conn.tls,
             |h| table.client_ip.client_ip(peer.addr.ip(), h),

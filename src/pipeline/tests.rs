@@ -72,7 +72,7 @@ async fn admit(
 ) -> Result<(Admission, Verdict), GatewayError> {
     let t = &l.table;
     let route = &t.routes[0];
-    let mut who = Identity::new(PEER, headers, None, &t.client_ip, &t.identities);
+    let mut who = Identity::new(PEER, true, headers, None, &t.client_ip, &t.identities);
     let plan = admit::plan(route, &mut who, headers, &t.consumers)?;
     let stores = admit::Stores {
         store,

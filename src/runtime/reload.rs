@@ -15,7 +15,7 @@ use notify::{RecursiveMode, Watcher};
 use super::Runtime;
 use crate::config::file::{File, Listen};
 use crate::config::Loaded;
-use crate::config::{self, ConfigErrors};
+use crate::config::{self, ConfigError, ConfigErrors};
 use crate::model::table::Boot;
 use crate::pipeline::live::Live;
 
@@ -95,6 +95,7 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
             file.store = running.clone();
         }
         config::compile_file(&name, &text, file)
+            .and_then(|loaded| keep_valid_certificates(gw, loaded))
     });
     let result = result.map(|loaded| apply(gw, loaded));
     match &result {
@@ -110,6 +111,30 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         }
     }
     result
+}
+
+/// A reload does not trade a listener's certificates that are all valid for a set holding an
+/// expired one (a wrong file rotated in): that is an error, and the running ones are kept.
+/// Where the running set has expired itself (or at start) the new one goes in with a warning,
+/// so an expired certificate never blocks the reload that renews it, or any other.
+fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, ConfigErrors> {
+    #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
+    let now = std::time::SystemTime::now();
+    let mut errors = Vec::new();
+    for (i, resolver) in gw.certificates.iter().enumerate() {
+        let (Some(resolver), Some(j)) = (resolver, successor(&gw.boot, &loaded.boot, i)) else {
+            continue;
+        };
+        if resolver.current().all_valid(now) {
+            let expired = loaded.tls.expired.iter().filter(|(l, _)| *l == j);
+            errors.extend(expired.map(|(_, e)| ConfigError::from(e.clone())));
+        }
+    }
+    if errors.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(ConfigErrors(errors))
+    }
 }
 
 /// Swap in a compiled table, keeping what only a restart can change.

@@ -151,7 +151,8 @@ pub async fn serve<H, F, R>(
         if accept.tls.is_none() && !accept.proxy_protocol {
             // The plain path: no extra task hop, no handshake.
             let info = Arc::new(ConnInfo::new(peer, None, false));
-            tokio::spawn(counted(open, conn.serve(stream, info, None)));
+            let first_bytes = timeouts.header;
+            tokio::spawn(counted(open, conn.serve(stream, info, None, first_bytes)));
         } else {
             let opened = conn.open(stream, peer, accept.clone(), timeouts.header);
             tokio::spawn(counted(open, opened));
@@ -259,6 +260,8 @@ where
 {
     /// Read the PROXY header and/or complete the TLS handshake, then serve HTTP. A connection
     /// that fails either is closed without an answer (there is no HTTP to answer in yet).
+    /// The header, the handshake and the first bytes of HTTP share one `limit` from accept:
+    /// each given a fresh one, a client could hold the connection for three times it.
     async fn open(
         self,
         mut stream: Gather<TcpStream>,
@@ -266,26 +269,32 @@ where
         accept: Accept,
         limit: Duration,
     ) {
-        let mut proxied = None;
+        let deadline = tokio::time::Instant::now() + limit;
+        let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
+        let (mut proxied, mut unnamed) = (None, false);
         if accept.proxy_protocol {
-            match proxy_protocol::read_header(&mut stream, limit).await {
+            match proxy_protocol::read_header(&mut stream, left()).await {
                 Ok(Proxied::Client(addr)) => proxied = Some(addr),
-                Ok(Proxied::Local) => {}
+                Ok(Proxied::Local) => unnamed = true,
                 Err(e) => {
                     tracing::debug!(%peer, error = %e, "PROXY header refused; connection closed");
                     return;
                 }
             }
         }
-        let Some(acceptor) = accept.tls else {
-            let info = Arc::new(ConnInfo::new(peer, proxied, false));
-            return self.serve(stream, info, None).await;
+        let info = |tls| {
+            let mut info = ConnInfo::new(peer, proxied, tls);
+            info.unnamed = unnamed;
+            Arc::new(info)
         };
-        match tokio::time::timeout(limit, acceptor.accept(stream)).await {
+        let Some(acceptor) = accept.tls else {
+            return self.serve(stream, info(false), None, left()).await;
+        };
+        match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => {
-                let info = Arc::new(ConnInfo::new(peer, proxied, true));
+                let info = info(true);
                 let h2 = tls.get_ref().1.alpn_protocol().map(|p| p == b"h2");
-                self.serve(tls, info, h2).await
+                self.serve(tls, info, h2, left()).await
             }
             Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
             Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -297,12 +306,17 @@ where
     /// record of a head and body written together).
     /// `alpn_h2`: what ALPN settled over TLS (`Some(true)`: `h2`), which the first bytes must
     /// then agree with (RFC 9113 §3.2, RFC 7301 §3.2); a front end that allows one protocol by
-    /// ALPN is not gone around by speaking the other.
-    async fn serve<IO>(self, mut io: IO, info: Arc<ConnInfo>, alpn_h2: Option<bool>)
-    where
+    /// ALPN is not gone around by speaking the other. `first_bytes`: the time left for them.
+    async fn serve<IO>(
+        self,
+        mut io: IO,
+        info: Arc<ConnInfo>,
+        alpn_h2: Option<bool>,
+        first_bytes: Duration,
+    ) where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let seen = match preface::read(&mut io, self.timeouts.header).await {
+        let seen = match preface::read(&mut io, first_bytes).await {
             Ok(seen) => seen,
             Err(e) => {
                 let peer = info.peer.addr;

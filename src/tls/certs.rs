@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::SystemTime;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::sign::CertifiedKey;
 
@@ -20,7 +20,7 @@ pub fn read_chain(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| TlsError::BadCertificate {
             path: path.display().to_string(),
-            error: e.to_string(),
+            error: pem_error(&e),
         })?;
     if chain.is_empty() {
         return Err(TlsError::Empty {
@@ -50,6 +50,21 @@ pub fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
+/// A PEM error in words: the parser's own names its markers as lists of bytes.
+fn pem_error(e: &pem::Error) -> String {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_owned();
+    match e {
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "a PEM block has no `-----END {}-----` line (is the file cut short?)",
+            text(end_marker)
+        ),
+        pem::Error::IllegalSectionStart { line } => {
+            format!("a malformed PEM `-----BEGIN` line: `{}`", text(line))
+        }
+        other => other.to_string(),
+    }
+}
+
 fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError::Read {
         what,
@@ -65,8 +80,10 @@ pub struct CertInfo {
     pub name: String,
     /// DNS names SNI may choose this pair by, lower-case (`*.example.com` included as is).
     pub dns_names: Vec<String>,
-    /// notAfter as Unix seconds.
+    /// notAfter as Unix seconds (of the chain's first certificate to expire).
     pub not_after: i64,
+    /// Which certificate that is: `name`, or `name's chain: OTHER` (for messages).
+    pub first_to_expire: String,
 }
 
 impl CertInfo {
@@ -96,6 +113,7 @@ impl CertInfo {
             .or(cn)
             .unwrap_or_else(|| "-".into());
         Ok(CertInfo {
+            first_to_expire: name.clone(),
             name,
             dns_names,
             not_after: cert.validity().not_after.timestamp(),
@@ -111,16 +129,12 @@ impl CertInfo {
     }
 }
 
-/// Load one certificate/key pair: both readable, the key the certificate's, not expired at
-/// `now`. The pair lasts as long as the first of its chain to expire: an expired intermediate
-/// fails every client that verifies the chain, as an expired leaf does, so its `notAfter` is
-/// the pair's (in `check`'s days left, the expiry gauge and this refusal) and the name is
-/// that certificate's.
-pub fn load_pair(
-    cert: &Path,
-    key: &Path,
-    now: SystemTime,
-) -> Result<(CertifiedKey, CertInfo), TlsError> {
+/// Load one certificate/key pair: both readable, the key the certificate's. Expiry is the
+/// caller's to judge ([`CertInfo::seconds_left`]). The pair lasts as long as the first of its
+/// chain to expire: an expired intermediate fails every client that verifies the chain, as an
+/// expired leaf does, so its `notAfter` is the pair's (in `check`'s days left, the expiry
+/// gauge and the warnings) and the name is that certificate's.
+pub fn load_pair(cert: &Path, key: &Path) -> Result<(CertifiedKey, CertInfo), TlsError> {
     let chain = read_chain(cert, "certificate")?;
     let mut info = CertInfo::parse(&chain[0], cert)?;
     let mut first_to_expire = info.name.clone();
@@ -153,13 +167,7 @@ pub fn load_pair(
             })
         }
     }
-    if info.seconds_left(now) <= 0 {
-        return Err(TlsError::Expired {
-            path: cert.display().to_string(),
-            name: first_to_expire,
-            not_after: info.not_after,
-        });
-    }
+    info.first_to_expire = first_to_expire;
     Ok((certified, info))
 }
 

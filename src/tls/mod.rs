@@ -2,8 +2,8 @@
 //! configurations for https upstreams and Redis. Loaded from the files the model names, once
 //! per (re)load and off the request path; a handshake only reads an `ArcSwap`.
 //!
-//! rustls with the *ring* provider throughout (no OpenSSL). Listeners offer ALPN `h2` and
-//! `http/1.1` and TLS 1.2+ (or 1.3 only).
+//! rustls with the *ring* provider throughout (no OpenSSL). Listeners offer ALPN `h2`,
+//! `http/1.1` and `http/1.0`, and TLS 1.2+ (or 1.3 only).
 
 pub mod certs;
 pub mod client;
@@ -50,12 +50,6 @@ pub enum TlsError {
     },
     #[error("certificate `{path}` cannot be parsed: {error}")]
     BadCertificate { path: String, error: String },
-    #[error("certificate `{path}` ({name}) expired at {not_after} (Unix time)")]
-    Expired {
-        path: String,
-        name: String,
-        not_after: i64,
-    },
     #[error("{0}")]
     Config(String),
 }
@@ -76,6 +70,10 @@ pub struct Material {
     pub upstreams: Vec<Option<Arc<rustls::ClientConfig>>>,
     pub redis: Option<Arc<rustls::ClientConfig>>,
     pub warnings: Vec<Located>,
+    /// Per listener (by index), each pair that had expired at load. It is served, with a
+    /// warning; but a reload does not trade a listener's certificates that are all valid for
+    /// a set holding one (`runtime::reload`).
+    pub expired: Vec<(usize, Located)>,
 }
 
 /// The process's crypto provider (ring), shared by every configuration.
@@ -89,9 +87,10 @@ pub fn provider() -> Arc<CryptoProvider> {
 pub fn load(boot: &Boot, table: &Table, now: SystemTime) -> Result<Material, Vec<Located>> {
     let mut errors = Vec::new();
     let mut m = Material::default();
-    for l in &boot.listeners {
+    for (i, l) in boot.listeners.iter().enumerate() {
+        let mut expired = Vec::new();
         let set = l.tls.as_ref().and_then(|t| {
-            match server::CertSet::load(&t.certificates, now, &mut m.warnings) {
+            match server::CertSet::load(&t.certificates, now, &mut m.warnings, &mut expired) {
                 Ok(set) => Some(Arc::new(set)),
                 Err(e) => {
                     errors.extend(e);
@@ -100,6 +99,7 @@ pub fn load(boot: &Boot, table: &Table, now: SystemTime) -> Result<Material, Vec
             }
         });
         m.listeners.push(set);
+        m.expired.extend(expired.into_iter().map(|e| (i, e)));
     }
     let mut client = |tls: &Option<crate::model::tls::ClientTls>, m: &mut Material| {
         let t = tls.as_ref()?;

@@ -27,24 +27,38 @@ pub struct CertSet {
 
 impl CertSet {
     /// Load every pair; a name covered by two pairs goes to the first. Warnings for pairs
-    /// that expire within [`EXPIRY_WARNING`] are appended to `warnings`.
+    /// that expire within [`EXPIRY_WARNING`], or have expired, are appended to `warnings`,
+    /// and the expired ones to `expired` too.
     pub fn load(
         files: &[CertFiles],
         now: SystemTime,
         warnings: &mut Vec<Located>,
+        expired: &mut Vec<Located>,
     ) -> Result<CertSet, Vec<Located>> {
         let mut errors = Vec::new();
         let mut loaded = Vec::with_capacity(files.len());
         for f in files {
-            match load_pair(&f.cert, &f.key, now) {
+            match load_pair(&f.cert, &f.key) {
                 Ok((key, info)) => {
                     let left = info.seconds_left(now);
-                    if left < EXPIRY_WARNING.as_secs() as i64 {
+                    let (cert, which) = (f.cert.display(), &info.first_to_expire);
+                    let at = f.at.clone();
+                    if left <= 0 {
+                        // Served all the same (as nginx and Envoy do): refusing it would
+                        // stop every reload, and a restart, until it is renewed.
                         warnings.push(Located {
-                            at: f.at.clone(),
+                            at: at.clone(),
+                            message: format!("certificate `{cert}` ({which}) expired {} days ago, at {} (Unix time): served anyway; renew it", -left / 86_400, info.not_after),
+                        });
+                        expired.push(Located {
+                            at,
+                            message: format!("certificate `{cert}` ({which}) expired at {} (Unix time): the listener's running certificates are all valid and are kept", info.not_after),
+                        });
+                    } else if left < EXPIRY_WARNING.as_secs() as i64 {
+                        warnings.push(Located {
+                            at,
                             message: format!(
-                                "certificate `{}` ({}) expires in {} days ({} hours)",
-                                f.cert.display(),
+                                "certificate `{cert}` ({}) expires in {} days ({} hours)",
                                 info.name,
                                 left / 86_400,
                                 left / 3_600
@@ -63,6 +77,11 @@ impl CertSet {
             return Err(errors);
         }
         CertSet::from_pairs(loaded).ok_or_else(Vec::new)
+    }
+
+    /// Whether no pair has expired at `now`.
+    pub fn all_valid(&self, now: SystemTime) -> bool {
+        self.infos.iter().all(|i| i.seconds_left(now) > 0)
     }
 
     /// `None` when `pairs` is empty.
@@ -133,7 +152,8 @@ impl ResolvesServerCert for Resolver {
     }
 }
 
-/// A listener's rustls configuration: ALPN h2 then http/1.1, versions from `min_version`.
+/// A listener's rustls configuration: ALPN h2, then http/1.1, then http/1.0; versions from
+/// `min_version`.
 pub fn config(resolver: Arc<Resolver>, min: TlsVersion) -> Result<ServerConfig, rustls::Error> {
     let versions: &[&'static rustls::SupportedProtocolVersion] = match min {
         TlsVersion::V1_2 => &[&rustls::version::TLS13, &rustls::version::TLS12],
@@ -143,7 +163,9 @@ pub fn config(resolver: Arc<Resolver>, min: TlsVersion) -> Result<ServerConfig, 
         .with_protocol_versions(versions)?
         .with_no_client_auth()
         .with_cert_resolver(resolver);
-    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // `http/1.0` too (as nginx offers it): a client offering only it would otherwise get a
+    // fatal alert, though the same request without ALPN is served.
+    cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     Ok(cfg)
 }
 
