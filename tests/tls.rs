@@ -747,6 +747,37 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
     assert!(out.contains("certificate good.test"), "{out}");
 }
 
+/// A gateway whose TLS listener serves the pair in `live/tls.crt` and `live/tls.key` (under
+/// a test's directory), as a rotation by rename-over replaces them.
+struct Live {
+    live: PathBuf,
+    up: Upstream,
+    port: u16,
+    gw: Sluice,
+}
+
+impl Live {
+    /// Put `first` in place and start the gateway on it.
+    fn start(dir: &Path, first: &Pair) -> Live {
+        let live = dir.join("live");
+        std::fs::create_dir(&live).unwrap();
+        rename_over(&first.cert, &live.join("tls.crt"));
+        rename_over(&first.key, &live.join("tls.key"));
+        let up = Upstream::start();
+        let port = free_port();
+        let gw = Sluice::start(&config(&up, port, &Live::pair(&live), ""));
+        Live { live, up, port, gw }
+    }
+
+    /// The listener's certificate list, naming the live files.
+    fn pair(live: &Path) -> String {
+        format!(
+            "      certificates:\n        - {{ cert: {l}/tls.crt, key: {l}/tls.key }}\n",
+            l = live.display()
+        )
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_rotation_keeps_the_old_pair_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -754,18 +785,14 @@ async fn a_bad_rotation_keeps_the_old_pair_serving() {
     let ca_pem = ca.write(&dir.path().join("ca.pem"));
     let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
     let second = ca.leaf(dir.path(), "second", &["localhost"], 90);
-    let live = dir.path().join("live");
-    std::fs::create_dir(&live).unwrap();
+    // `_up` lives to the end of the test, as the gateway's upstream.
+    let Live {
+        live,
+        up: _up,
+        port,
+        gw,
+    } = Live::start(dir.path(), &first);
     let put = |from: &Path, name: &str| rename_over(from, &live.join(name));
-    put(&first.cert, "tls.crt");
-    put(&first.key, "tls.key");
-    let up = Upstream::start();
-    let port = free_port();
-    let pair = format!(
-        "      certificates:\n        - {{ cert: {l}/tls.crt, key: {l}/tls.key }}\n",
-        l = live.display()
-    );
-    let gw = Sluice::start(&config(&up, port, &pair, ""));
     let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
     assert_eq!(served(&c).await, first.der);
 
@@ -812,25 +839,16 @@ async fn an_expired_certificate_blocks_neither_start_nor_reloads() {
     let ca_pem = ca.write(&dir.path().join("ca.pem"));
     let expired = ca.leaf(dir.path(), "expired", &["localhost"], -1);
     let renewed = ca.leaf(dir.path(), "renewed", &["localhost"], 90);
-    let live = dir.path().join("live");
-    std::fs::create_dir(&live).unwrap();
+    let Live { live, up, port, gw } = Live::start(dir.path(), &expired);
     let put = |from: &Path, name: &str| rename_over(from, &live.join(name));
-    put(&expired.cert, "tls.crt");
-    put(&expired.key, "tls.key");
-    let up = Upstream::start();
-    let port = free_port();
-    let pair = format!(
-        "      certificates:\n        - {{ cert: {l}/tls.crt, key: {l}/tls.key }}\n",
-        l = live.display()
-    );
-    let gw = Sluice::start(&config(&up, port, &pair, ""));
     gw.wait_log(&["expired 1 days ago", "served anyway"]);
     let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
     assert_eq!(served_unverified(port), expired.der);
 
     // Another change reloads while the running pair is expired.
     let version = gw.config_version();
-    gw.replace_config(&config(&up, port, &pair, "").replace("name: all", "name: all2"));
+    let renamed = config(&up, port, &Live::pair(&live), "").replace("name: all", "name: all2");
+    gw.replace_config(&renamed);
     gw.wait_reloads("success", 1.0).await;
     assert_ne!(gw.config_version(), version);
 
