@@ -368,6 +368,8 @@ fn a_consumer_key_no_request_can_carry_is_an_error() {
         one_error(&with_key(k), "F:8:20: ", says, "SECRET");
     }
     passes(&with_key("'inner space'"));
+    // A tab inside, as a header value may carry one.
+    passes(&with_key("\"inner\\ttab\""));
 }
 
 /// An API key written as a scalar instead of a list is refused without being echoed.

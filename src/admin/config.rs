@@ -38,10 +38,9 @@ pub(crate) const REDACTED: &str = "***";
 
 /// Blank out secrets: the value of any field whose name says pass(word), secret, token,
 /// signature, cookie, credential, authorization, api key or private, or ends in `-key` or
-/// `_key` (not a certificate's `key`, a file path), route
-/// `match.headers` included: a route may match on a shared secret header such as
-/// `X-Auth-Key`), and the password of any URL. Fields ending in `_env` name an environment
-/// variable, not its value, and stay.
+/// `_key` (not a certificate's `key`, which is a file path), route `match.headers` included
+/// (a route may match on a shared secret header such as `X-Auth-Key`); and the password of
+/// any URL. Fields ending in `_env` name an environment variable, not its value, and stay.
 fn redact(v: &mut Value, field: Option<&str>) {
     match v {
         Value::String(s) => {

@@ -12,12 +12,12 @@ use serde_json::json;
 use super::{json_reply, no_content, problem, Body};
 use crate::limiter::key::Material;
 use crate::limiter::store::StoreError;
-use crate::model::identity::ClientIpRules;
+use crate::model::identity::{field_value, trimmed, ClientIpRules};
 use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::params::Params;
 use crate::model::policy::OnMissing;
 use crate::pipeline::headers::ratelimit::retry_after_secs;
-use crate::pipeline::identify::{field_value, percent_decode};
+use crate::pipeline::identify::percent_decode;
 use crate::pipeline::Gateway;
 use http::{Response, StatusCode};
 
@@ -194,7 +194,7 @@ fn material(
             KeyPart::Ip => ip_key(value, ips)?,
             _ if field => match field_value(value) {
                 Some(v) => v.to_string(),
-                None if value.trim_matches([' ', '\t']).is_empty() => String::new(),
+                None if trimmed(value).is_none() => String::new(),
                 None => {
                     return Err(format!(
                         "the {} part of `key` is not visible ASCII: no request carries it",

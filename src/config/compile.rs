@@ -1343,14 +1343,12 @@ fn consumer_list(
                 here.err(&at, "an API key may not be empty");
                 continue;
             }
-            // A request's key is read trimmed, and only as visible ASCII (a header value with
-            // anything else is no key; a query key may not even hold a space): any other key
+            // A request's key is read as a field value (trimmed, visible ASCII): any other key
             // could never match.
-            let inner = |b: u8| b.is_ascii_graphic() || b == b' ';
-            if key.trim() != key || !key.bytes().all(inner) {
+            if crate::model::identity::field_value(key) != Some(key.as_str()) {
                 here.err(
                     &at,
-                    "an API key must be visible ASCII (spaces only inside) to be sent at all",
+                    "an API key must be visible ASCII (spaces and tabs only inside) to be sent at all",
                 );
                 continue;
             }

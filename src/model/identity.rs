@@ -8,6 +8,20 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use http::HeaderName;
 use ipnet::IpNet;
 
+/// A field value as identities take it: trimmed; none if empty or if a byte is not visible
+/// ASCII (a space or tab inside is kept), as `HeaderValue::to_str` reads header values. One
+/// rule for the identify stage (header and query keys), the admin API's key lookups and the
+/// config's consumer keys, so that all three read a key alike.
+pub fn field_value(v: &str) -> Option<&str> {
+    let visible = |b: u8| b == b'\t' || (0x20..0x7f).contains(&b);
+    trimmed(v).filter(|v| v.bytes().all(visible))
+}
+
+/// `v` without spaces and tabs at either end; none if that leaves nothing.
+pub fn trimmed(v: &str) -> Option<&str> {
+    Some(v.trim_matches([' ', '\t'])).filter(|v| !v.is_empty())
+}
+
 /// Who may tell us the client's address, and how IPv6 clients are grouped.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientIpRules {

@@ -9,7 +9,9 @@ use hmac::{Hmac, Mac};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sha2::Sha256;
 
-use crate::model::identity::{ClientIpRules, IdentitySources, IpText, JwtSource};
+use crate::model::identity::{
+    field_value, trimmed, ClientIpRules, IdentitySources, IpText, JwtSource,
+};
 
 impl ClientIpRules {
     /// The client address: the peer, or — when the peer is a trusted proxy — the rightmost
@@ -183,18 +185,6 @@ fn names(k: &str, name: &str) -> bool {
     let php = |c: char| if PHP_UNDERSCORES.contains(&c) { '_' } else { c };
     let k = k.trim_start_matches(' ');
     k.len() == name.len() && k.chars().map(php).eq(name.chars().map(php))
-}
-
-/// A field value as identities take it: trimmed; none if empty or if a byte is not visible
-/// ASCII (a space or tab inside is kept), as [`HeaderValue::to_str`] reads header values.
-pub(crate) fn field_value(v: &str) -> Option<&str> {
-    let visible = |b: u8| b == b'\t' || (0x20..0x7f).contains(&b);
-    trimmed(v).filter(|v| v.bytes().all(visible))
-}
-
-/// `v` without spaces and tabs at either end; none if that leaves nothing.
-fn trimmed(v: &str) -> Option<&str> {
-    Some(v.trim_matches([' ', '\t'])).filter(|v| !v.is_empty())
 }
 
 /// A header's one value, trimmed; a missing, empty or non-visible-ASCII value is none, and
