@@ -93,10 +93,8 @@ fn load_or_report(path: &std::path::Path) -> Option<Loaded> {
 
 fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
     let logs = init_logging(format);
-    let Some(loaded) = load_or_report(path) else {
-        return ExitCode::from(1);
-    };
-    // The first worker; `runtime::app::run` starts the others, one thread each.
+    // The first worker; `runtime::app::run` starts the others, one thread each. Built before
+    // the config is read, so the signal handlers are in place while it loads.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();
@@ -107,7 +105,25 @@ fn run(path: &std::path::Path, format: Option<LogFormat>) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    let code = rt.block_on(sluice::runtime::app::run(loaded, path.to_path_buf()));
+    let signals = {
+        let _in = rt.enter();
+        sluice::runtime::app::Signals::install()
+    };
+    let signals = match signals {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("cannot install signal handlers: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let Some(loaded) = load_or_report(path) else {
+        return ExitCode::from(1);
+    };
+    let code = rt.block_on(sluice::runtime::app::run(
+        loaded,
+        path.to_path_buf(),
+        signals,
+    ));
     rt.shutdown_timeout(std::time::Duration::from_secs(1));
     logs.flush();
     ExitCode::from(code as u8)
@@ -121,7 +137,9 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
         let w = config::ConfigError::from(w.clone());
         eprintln!("{}:{}:{}: warning: {}", w.file, w.line, w.col, w.message);
     }
-    print!("{}", summary(path, &t));
+    let mut out = summary(path, &t);
+    // With `--connect`, the summary is printed only once the store answered: either it and
+    // exit 0, or the errors and exit 1.
     if connect {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -824,12 +824,15 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
 
 fn panicking_server(
     rt: &tokio::runtime::Runtime,
-) -> (SocketAddr, tokio::sync::watch::Sender<bool>) {
+) -> (
+    SocketAddr,
+    tokio::sync::watch::Sender<sluice::pipeline::context::Phase>,
+) {
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
         .unwrap();
     let addr = listener.local_addr().unwrap();
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(sluice::pipeline::context::Phase::Serving);
     rt.spawn(sluice::runtime::server::serve(
         listener,
         sluice::runtime::server::Accept::default(),
@@ -952,5 +955,5 @@ fn handler_panic_is_500_and_serving_continues() {
         "{log}"
     );
     assert!(log.contains("rid-panic-1"), "{log}");
-    let _ = stop.send(true);
+    let _ = stop.send(sluice::pipeline::context::Phase::Draining);
 }

@@ -67,7 +67,7 @@ impl http_body::Body for Holding {
             match self.leases.take() {
                 Some(mut leases) if ends => match leases.release_now() {
                     None => return Poll::Ready(frame),
-                    Some(release) => self.ending = Some((frame, tokio::spawn(release))),
+                    Some(release) => self.ending = Some((frame, super::settle::counted(release))),
                 },
                 other => {
                     self.leases = other;

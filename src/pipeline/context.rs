@@ -20,7 +20,7 @@ use crate::model::identity::IpText;
 use crate::model::outcome::Outcome;
 
 /// What the listener knows about the connection a request came on.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConnInfo {
     /// The TCP peer.
     pub peer: Peer,
@@ -33,7 +33,24 @@ pub struct ConnInfo {
     pub unnamed: bool,
     /// Whether the connection is TLS (`X-Forwarded-Proto: https`).
     pub tls: bool,
+    /// Its listener's phase; held by whatever outlives the connection's requests (an
+    /// upgraded tunnel), so the drain waits for that too and the cut ends it. `None`: a
+    /// connection no drain concerns (tests).
+    pub drain: Option<Drain>,
 }
+
+/// Where a listener is in its life, as its connections see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Serving,
+    /// No new requests: each connection finishes what it has begun, then closes.
+    Draining,
+    /// The drain deadline passed: whatever is still open is closed now.
+    Cut,
+}
+
+/// A listener's phase, watched; the listener's drain ends once every holder has let go.
+pub type Drain = tokio::sync::watch::Receiver<Phase>;
 
 impl ConnInfo {
     /// The client: the one the PROXY header named when it is `believed`, else the TCP peer.
@@ -51,6 +68,7 @@ impl ConnInfo {
             proxied: proxied.map(Peer::new),
             unnamed: false,
             tls,
+            drain: None,
         }
     }
 

@@ -450,15 +450,32 @@ impl Gateway {
                 // closes (nginx's `limit_conn` counts an upgraded connection for its life),
                 // not freed with the 101's empty body.
                 let leases = ctx.leases.take();
+                // Its listener's drain waits for it, and its deadline closes it.
+                let mut drain = ctx.conn.drain.clone();
                 tokio::spawn(async move {
-                    if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
-                        let _ = tokio::io::copy_bidirectional(
-                            &mut TokioIo::new(c),
-                            &mut TokioIo::new(u),
-                        )
-                        .await;
+                    let tunnel = async {
+                        if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
+                            let _ = tokio::io::copy_bidirectional(
+                                &mut TokioIo::new(c),
+                                &mut TokioIo::new(u),
+                            )
+                            .await;
+                        }
+                    };
+                    let cut = async {
+                        match &mut drain {
+                            Some(d) => {
+                                let _ = d.wait_for(|p| *p == context::Phase::Cut).await;
+                            }
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        () = tunnel => {}
+                        () = cut => {}
                     }
                     drop(leases);
+                    drop(drain);
                 });
             }
             // RFC 9110 §15.2.2: a server MUST NOT switch to a protocol the client did not ask

@@ -330,7 +330,10 @@ impl Renewer {
     fn get() -> &'static Renewer {
         static RENEWER: std::sync::OnceLock<Renewer> = std::sync::OnceLock::new();
         RENEWER.get_or_init(|| {
-            spawn(Renewer::run());
+            // Not a settling call: it runs for the process's life.
+            if let Ok(rt) = tokio::runtime::Handle::try_current() {
+                rt.spawn(Renewer::run());
+            }
             Renewer {
                 held: parking_lot::Mutex::new(HashMap::new()),
             }
@@ -384,9 +387,62 @@ impl Renewer {
     }
 }
 
-/// Run `fut` on the current runtime, if there is one (there always is while serving).
+/// Run `fut` on the current runtime, if there is one (there always is while serving),
+/// counted in [`settled`] until it ends.
 fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
-        rt.spawn(fut);
+    if tokio::runtime::Handle::try_current().is_ok() {
+        counted(fut);
     }
+}
+
+/// Spawn a settling call on the current runtime, counted in [`settled`] until it ends.
+pub fn counted(
+    fut: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let pending = Pending::new();
+    tokio::spawn(async move {
+        fut.await;
+        drop(pending);
+    })
+}
+
+/// Settling calls spawned and not yet ended, in the whole process.
+static PENDING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static NONE_PENDING: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// One settling call in flight (dropped with its task, ended or cancelled).
+struct Pending;
+
+impl Pending {
+    fn new() -> Pending {
+        PENDING.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Pending
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if PENDING.fetch_sub(1, std::sync::atomic::Ordering::AcqRel) == 1 {
+            NONE_PENDING.notify_waiters();
+        }
+    }
+}
+
+/// Until every charge and release spawned so far has ended, at most `limit`: a worker that
+/// drains waits for them before its runtime goes, so a graceful shutdown neither skips a
+/// charge nor leaves a slot held until its lease ends (only a gateway that dies does).
+/// Whether they all ended.
+pub async fn settled(limit: Duration) -> bool {
+    let all = async {
+        loop {
+            let none = NONE_PENDING.notified();
+            let mut none = std::pin::pin!(none);
+            none.as_mut().enable();
+            if PENDING.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                return;
+            }
+            none.await;
+        }
+    };
+    tokio::time::timeout(limit, all).await.is_ok()
 }

@@ -19,7 +19,7 @@ use crate::limiter::store::memory::{Clock, MemoryStore};
 use crate::limiter::store::redis::RedisStore;
 use crate::limiter::store::Store;
 use crate::model::policy::StoreKind;
-use crate::pipeline::context::ConnInfo;
+use crate::pipeline::context::{ConnInfo, Drain, Phase};
 use crate::pipeline::live::Live;
 use crate::pipeline::Gateway;
 use crate::telemetry::metrics::Metrics;
@@ -71,7 +71,7 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
 }
 
 /// Serve until SIGTERM/SIGINT, then drain. Returns the process exit code.
-pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
+pub async fn run(loaded: Loaded, config_path: PathBuf, mut signals: Signals) -> i32 {
     let boot = &loaded.boot;
     let admin_listen = boot.admin_listen;
     let drain = boot.drain_timeout;
@@ -88,9 +88,6 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
         Err(e) => tracing::warn!(error = %e, "cannot raise the open file limit"),
     }
     let gw = gateway(loaded, config_path).await;
-    // Signal handlers before any port opens: a SIGHUP or SIGTERM sent the moment a port
-    // accepts must reload or drain, not kill the process by the default action.
-    let shutdown = shutdown_signal();
     if let Err(e) = reload::spawn_watchers(gw.clone()) {
         tracing::warn!(error = %e, "cannot watch the config file; reload with SIGHUP or POST /admin/reload");
     }
@@ -104,7 +101,7 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
             return 1;
         }
     };
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(Phase::Serving);
     let g = gw.clone();
     let admin_task = tokio::spawn(server::serve(
         admin,
@@ -144,7 +141,16 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     // request that arrives the instant the port accepts is decided by the store like every
     // other, instead of by `on_error` (SPEC §3 "Startup"). Bounded by `startup_timeout`.
     let (label, policy) = (gw.store.label(), gw.boot.store.on_error);
-    match gw.store.wait_ready(startup_timeout).await {
+    let ready = tokio::select! {
+        ready = gw.store.wait_ready(startup_timeout) => ready,
+        signal = signals.next() => {
+            tracing::info!(signal, "stopped while waiting for the store; nothing was served");
+            let _ = stop_tx.send(Phase::Draining);
+            let _ = admin_task.await;
+            return 0;
+        }
+    };
+    match ready {
         Ok(()) => tracing::info!(store = label, "store reachable"),
         Err(e) => tracing::warn!(
             store = label,
@@ -228,15 +234,26 @@ pub async fn run(loaded: Loaded, config_path: PathBuf) -> i32 {
     let data_tasks = serving.serve(data, first);
     drop(stop_rx);
 
-    shutdown.await;
+    let signal = signals.next().await;
     tracing::info!(
+        signal,
         ?drain,
         "shutting down: no new connections, draining in-flight requests"
     );
-    let _ = stop_tx.send(true);
+    let _ = stop_tx.send(Phase::Draining);
+    // A second signal is someone who will not wait for the drain: what is open is closed
+    // now, and what it leaves to settle is settled as at the deadline.
+    let stop_tx = Arc::new(stop_tx);
+    let cut = stop_tx.clone();
+    tokio::spawn(async move {
+        let signal = signals.next().await;
+        tracing::warn!(signal, "second signal: closing every connection now");
+        let _ = cut.send(Phase::Cut);
+    });
     for t in data_tasks {
         let _ = t.await;
     }
+    settle(worker::number(0)).await;
     for done in others {
         let _ = done.await;
     }
@@ -251,7 +268,7 @@ struct Serving {
     gw: Arc<Runtime>,
     timeouts: server::Timeouts,
     drain: Duration,
-    stop: tokio::sync::watch::Receiver<bool>,
+    stop: Drain,
 }
 
 impl Serving {
@@ -322,6 +339,7 @@ impl Serving {
                     for t in self.serve(data, shares) {
                         let _ = t.await;
                     }
+                    settle(worker::number(index)).await;
                 });
                 let _ = done_tx.send(());
             })?;
@@ -358,15 +376,46 @@ fn clone_listeners(
         .collect()
 }
 
-/// Install the SIGTERM/SIGINT handlers now; the returned future ends at the first signal.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
-    async move {
+/// How long a drained worker waits for the charges and releases its requests left running
+/// (`pipeline::settle`): each is one store call, bounded by the store's own timeout.
+const SETTLE_WAIT: Duration = Duration::from_secs(2);
+
+/// Wait for what the worker's requests left to settle, and say if some never did.
+async fn settle(worker: usize) {
+    if !crate::pipeline::settle::settled(SETTLE_WAIT).await {
+        tracing::warn!(
+            worker,
+            wait = ?SETTLE_WAIT,
+            "charges or lease releases still running at exit; released slots expire with their lease"
+        );
+    }
+}
+
+/// The process's signal handlers, installed before the config is read: a SIGHUP or SIGTERM
+/// that arrives while it loads, or the moment a port accepts, reloads or drains instead of
+/// killing the process by the default action.
+pub struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Install them (within a runtime). SIGHUP's handler stays installed for the process;
+    /// `reload` listens to it once serving, and one sent before is ignored.
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        drop(signal(SignalKind::hangup())?);
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next SIGTERM or SIGINT (one sent since `install` counts), by name.
+    async fn next(&mut self) -> &'static str {
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
         }
     }
 }

@@ -44,6 +44,14 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         fingerprint_of(text.as_deref().unwrap_or(""), &seen.files) == seen.hash
     };
     if trigger == Trigger::File {
+        // Out of descriptors or memory for a moment says nothing of the file: it is looked at
+        // again at the next event, and neither a bad edit nor a change is counted.
+        if let Err(e) = std::fs::File::open(&gw.config_path) {
+            if transient(&e) {
+                tracing::warn!(error = %e, "cannot read the config now; the running config is kept");
+                return Ok(gw.live.load().table.version.clone());
+            }
+        }
         if unchanged(&text) {
             return Ok(gw.live.load().table.version.clone());
         }
@@ -245,6 +253,14 @@ fn served_listeners(running: &File, running_boot: &Boot, new: &File, new_boot: &
 fn successor(running: &Boot, new: &Boot, i: usize) -> Option<usize> {
     let at = running.listeners.get(i)?.address;
     new.listeners.iter().position(|l| l.address == at)
+}
+
+/// A read error the file is not the cause of.
+fn transient(e: &std::io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EINTR | libc::EAGAIN)
+    )
 }
 
 /// What the last file event saw: a hash of the config text and of the bytes of the files it

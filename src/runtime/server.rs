@@ -18,7 +18,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -27,7 +26,7 @@ use super::proxy_protocol::{self, Proxied};
 use super::spread::{Handover, Open, Share};
 use super::{idle, preface, stall};
 use crate::net::Gather;
-use crate::pipeline::context::ConnInfo;
+use crate::pipeline::context::{ConnInfo, Drain, Phase};
 
 use crate::pipeline::body::{full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
@@ -106,10 +105,14 @@ pub struct Timeouts {
     pub send: Duration,
 }
 
-/// Serve `listener` with `handler` until `stop` flips, then give in-flight requests up to
-/// `drain` to finish. `timeouts` cut off clients that are slow to send a request head or to
-/// read an answer. With a `share`, this worker takes part in spreading the listener's
-/// connections over the workers (see [`super::spread`]).
+/// Serve `listener` with `handler` until `stop` leaves `Serving`, then give in-flight
+/// requests (and upgraded tunnels) up to `drain` to finish (or until `stop` is `Cut`), and
+/// close what is left. A connection that has
+/// not begun a request when the drain starts is closed at once, as nginx closes its idle
+/// ones; one whose first bytes are in has that request served, with `Connection: close`.
+/// `timeouts` cut off clients that are slow to send a request head or to read an answer.
+/// With a `share`, this worker takes part in spreading the listener's connections over the
+/// workers (see [`super::spread`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve<H, F, R>(
     listener: TcpListener,
@@ -117,7 +120,7 @@ pub async fn serve<H, F, R>(
     handler: H,
     refused: R,
     timeouts: Timeouts,
-    mut stop: watch::Receiver<bool>,
+    mut stop: Drain,
     drain: Duration,
     mut share: Option<Share>,
 ) where
@@ -125,7 +128,10 @@ pub async fn serve<H, F, R>(
     F: Future<Output = Response<Body>> + Send + 'static,
     R: Fn(StatusCode) + Clone + Send + Sync + 'static,
 {
-    let graceful = GracefulShutdown::new();
+    let (phase, watched) = watch::channel(Phase::Serving);
+    let local = listener
+        .local_addr()
+        .map_or_else(|_| "?".to_owned(), |a| a.to_string());
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -146,11 +152,13 @@ pub async fn serve<H, F, R>(
             handler: handler.clone(),
             refused: refused.clone(),
             timeouts,
-            graceful: graceful.watcher(),
+            phase: watched.clone(),
         };
         if accept.tls.is_none() && !accept.proxy_protocol {
             // The plain path: no extra task hop, no handshake.
-            let info = Arc::new(ConnInfo::new(peer, None, false));
+            let mut info = ConnInfo::new(peer, None, false);
+            info.drain = Some(watched.clone());
+            let info = Arc::new(info);
             let first_bytes = timeouts.header;
             tokio::spawn(counted(open, conn.serve(stream, info, None, first_bytes)));
         } else {
@@ -200,7 +208,7 @@ pub async fn serve<H, F, R>(
                 }
             }
             Some(h) = handed(&mut share) => receive(h, &start),
-            _ = stop.changed() => break,
+            _ = draining(&mut stop) => break,
         }
     }
     // Connections already handed to this worker are served and drained like its own.
@@ -211,10 +219,38 @@ pub async fn serve<H, F, R>(
         }
     }
     drop(listener);
+    // Every connection holds a receiver: `closed` is the last of them ending.
+    drop(watched);
+    phase.send_replace(Phase::Draining);
     tokio::select! {
-        _ = graceful.shutdown() => tracing::info!("all connections drained"),
-        _ = tokio::time::sleep(drain) => tracing::warn!(?drain, "drain deadline passed; closing remaining connections"),
+        _ = phase.closed() => tracing::info!(listen = %local, "all connections drained"),
+        _ = cut(&mut stop) => {
+            tracing::warn!(listen = %local, "drain cut short; closing the connections and tunnels left");
+            phase.send_replace(Phase::Cut);
+            let _ = tokio::time::timeout(CUT_WAIT, phase.closed()).await;
+        }
+        _ = tokio::time::sleep(drain) => {
+            tracing::warn!(listen = %local, ?drain, "drain deadline passed; closing the connections and tunnels left");
+            phase.send_replace(Phase::Cut);
+            // They end at their next poll; what they leave to settle runs meanwhile.
+            let _ = tokio::time::timeout(CUT_WAIT, phase.closed()).await;
+        }
     }
+}
+
+/// How long the connections closed at the drain deadline are given to end: each ends at its
+/// next poll, dropping its requests, whose charges and releases then start (see
+/// `pipeline::settle`).
+const CUT_WAIT: Duration = Duration::from_secs(1);
+
+/// Until `phase` leaves `Serving` (or its listener is gone).
+async fn draining(phase: &mut Drain) {
+    let _ = phase.wait_for(|p| *p != Phase::Serving).await;
+}
+
+/// Until `phase` is `Cut` (or its listener is gone).
+async fn cut(phase: &mut Drain) {
+    let _ = phase.wait_for(|p| *p == Phase::Cut).await;
 }
 
 /// The next connection another worker handed to this one; never, without a share.
@@ -249,7 +285,7 @@ struct Connection<H, R> {
     /// How long the client may take to send its first bytes (then hyper's own
     /// `header_read_timeout` takes over for HTTP/1), and to accept an answer's bytes.
     timeouts: Timeouts,
-    graceful: Watcher,
+    phase: Drain,
 }
 
 impl<H, F, R> Connection<H, R>
@@ -272,8 +308,15 @@ where
         let deadline = tokio::time::Instant::now() + limit;
         let left = || deadline.saturating_duration_since(tokio::time::Instant::now());
         let (mut proxied, mut unnamed) = (None, false);
+        // Draining: a connection that has not begun a request is closed (see `serve`).
+        let mut phase = self.phase.clone();
         if accept.proxy_protocol {
-            match proxy_protocol::read_header(&mut stream, left()).await {
+            let header = tokio::select! {
+                biased;
+                h = proxy_protocol::read_header(&mut stream, left()) => h,
+                _ = draining(&mut phase) => return,
+            };
+            match header {
                 Ok(Proxied::Client(addr)) => proxied = Some(addr),
                 Ok(Proxied::Local) => unnamed = true,
                 Err(e) => {
@@ -282,15 +325,22 @@ where
                 }
             }
         }
+        let watched = self.phase.clone();
         let info = |tls| {
             let mut info = ConnInfo::new(peer, proxied, tls);
             info.unnamed = unnamed;
+            info.drain = Some(watched);
             Arc::new(info)
         };
         let Some(acceptor) = accept.tls else {
             return self.serve(stream, info(false), None, left()).await;
         };
-        match tokio::time::timeout_at(deadline, acceptor.accept(stream)).await {
+        let handshake = tokio::select! {
+            biased;
+            h = tokio::time::timeout_at(deadline, acceptor.accept(stream)) => h,
+            _ = draining(&mut phase) => return,
+        };
+        match handshake {
             Ok(Ok(tls)) => {
                 let info = info(true);
                 let h2 = tls.get_ref().1.alpn_protocol().map(|p| p == b"h2");
@@ -316,7 +366,14 @@ where
     ) where
         IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     {
-        let seen = match preface::read(&mut io, first_bytes).await {
+        let mut phase = self.phase.clone();
+        // Bytes already in are read first: a request that began before the drain is served.
+        let read = tokio::select! {
+            biased;
+            r = preface::read(&mut io, first_bytes) => r,
+            _ = draining(&mut phase) => return,
+        };
+        let seen = match read {
             Ok(seen) => seen,
             Err(e) => {
                 let peer = info.peer.addr;
@@ -380,7 +437,24 @@ where
             .builder
             .serve_connection_with_upgrades(TokioIo::new(io), svc)
             .into_owned();
-        if let Err(e) = self.graceful.watch(conn).await {
+        let mut conn = std::pin::pin!(conn);
+        let mut phase = self.phase;
+        // The connection is polled first, so a request whose bytes are in is read before a
+        // drain could close the connection as idle: it is answered, with `Connection: close`
+        // (HTTP/2: a GOAWAY naming the streams it took).
+        let ended = tokio::select! {
+            biased;
+            r = conn.as_mut() => r,
+            _ = draining(&mut phase) => {
+                conn.as_mut().graceful_shutdown();
+                tokio::select! {
+                    biased;
+                    r = conn.as_mut() => r,
+                    _ = cut(&mut phase) => return,
+                }
+            }
+        };
+        if let Err(e) = ended {
             if let Some(status) = refused_head(&*e) {
                 (self.refused)(status);
             }
