@@ -1,6 +1,6 @@
 //! `sluice` command line: `run` (the default), `check`, `--version`.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write as _};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -150,11 +150,24 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
             gw.store.wait_ready(std::time::Duration::from_secs(3)).await
         });
         match result {
-            Ok(()) => println!("store: reachable"),
+            Ok(()) => out.push_str("store: reachable\n"),
             Err(e) => {
                 eprintln!("{}: store unreachable: {e}", path.display());
                 return ExitCode::from(1);
             }
+        }
+    }
+    // Not `print!`, which panics when stdout is closed (`sluice check | head -1`).
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("cannot write the summary: {e}");
+            return ExitCode::from(1);
         }
     }
     ExitCode::SUCCESS

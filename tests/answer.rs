@@ -490,6 +490,8 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
     }
     yaml += "  - name: c1\n    match: { path_prefix: /c1/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        rate: 10/1m\n        max: 1\n";
     yaml += "  - name: c2\n    match: { path_prefix: /c2/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        lease: 0s\n";
+    yaml += "  - name: c3\n    match: { path_prefix: /c3/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        max: 0\n";
+    yaml += "  - name: c4\n    match: { path_prefix: /c4/ }\n    upstream: up\n    limits:\n      - name: l\n        by: ip\n        algorithm: concurrency\n        burst: 5\n        max: 1\n";
     let (ok, _, err) = check_config(dir.path(), &yaml);
     assert!(!ok);
     let file = dir.path().join("sluice.yaml").display().to_string();
@@ -516,6 +518,11 @@ fn check_refuses_misused_answer_and_concurrency_fields_at_their_lines() {
     want[4].0 = line("cost: { header: X-Cost, max: 5 }", 0);
     want.push((line("rate: 10/1m", limits.len()), "not `rate`"));
     want.push((line("- name: l", limits.len() + 1), "needs `max`"));
+    want.push((line("max: 0", 0), "max must be at least 1"));
+    want.push((
+        line("burst: 5", 0),
+        "a concurrency limit takes `max` and `lease`, not `burst`",
+    ));
     for (at, message) in &want {
         assert!(
             err.lines()

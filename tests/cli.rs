@@ -76,6 +76,27 @@ fn valid_config_prints_summary_and_exits_0() {
     assert!(out.contains("GET,HEAD path /auth/login"), "{out}");
 }
 
+/// `sluice check -c F | head -1`: a reader that leaves early is not a crash.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(&path, OK).unwrap();
+    let (reader, writer) = std::io::pipe().unwrap();
+    // The read end is gone before the process writes: every write gets EPIPE.
+    drop(reader);
+    let out = Command::new(support::sluice_bin())
+        .arg("check")
+        .arg("-c")
+        .arg(&path)
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(out.status.code(), Some(0), "{err}");
+}
+
 #[test]
 fn the_shipped_default_config_is_valid() {
     let out = Command::new(support::sluice_bin())
@@ -384,6 +405,20 @@ fn a_key_that_is_not_a_list_is_not_echoed() {
         "{e:?}"
     );
     assert!(!e[0].contains("SECRET-KEY-123"), "{e:?}");
+}
+
+/// A cost naming an invalid field gets that one error, at the name.
+#[test]
+fn an_invalid_cost_header_is_one_error() {
+    for field in ["header", "response_header"] {
+        let yaml = OK.replace(
+            "        rate: 5/1m\n",
+            &format!("        rate: 5/1m\n        cost: {{ {field}: 'X Cost', max: 3 }}\n"),
+        );
+        let e = errors(&yaml);
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(e[0].contains("invalid header name `X Cost`"), "{e:?}");
+    }
 }
 
 #[test]

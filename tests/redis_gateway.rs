@@ -1103,9 +1103,13 @@ async fn startup_with_redis_down_serves_per_policy() {
         200,
         "the process keeps serving"
     );
-    let (code, _, stderr) = check_connect(&s).await;
+    let (code, stdout, stderr) = check_connect(&s).await;
     assert_eq!(code, 1, "check --connect with Redis down: {stderr}");
     assert!(stderr.contains("store unreachable"), "{stderr}");
+    assert!(
+        stdout.is_empty(),
+        "no summary when the store is unreachable: {stdout}"
+    );
 
     redis.restart();
     wait_recovered(&c, &s, "/deny", Instant::now()).await;

@@ -976,7 +976,7 @@ fn limit_rule(
         return None;
     };
     let burst_path = format!("{base}.burst");
-    if l.burst.is_some() && !algorithm.is_bucket() {
+    if l.burst.is_some() && !algorithm.is_bucket() && algorithm != Algorithm::Concurrency {
         c.err(
             &burst_path,
             format!(
@@ -1101,6 +1101,7 @@ fn rate_params(
 fn concurrency(c: &mut Ctx<'_>, base: &str, l: &file::Limit) -> Option<Params> {
     for (field, set) in [
         ("rate", l.rate.is_some()),
+        ("burst", l.burst.is_some()),
         ("cost", l.cost.is_some()),
         ("count_when", l.count_when.is_some()),
     ] {
@@ -1438,12 +1439,15 @@ fn cost(
     let (mut header, mut response) = (None, None);
     let mut default = None;
     let mut max = None;
+    let mut named = false;
     for (k, val) in map {
         match (k.as_str(), val) {
             (Some("header"), serde_yaml::Value::String(h)) => {
+                named = true;
                 header = c.header_name(&format!("{path}.header"), h)
             }
             (Some("response_header"), serde_yaml::Value::String(h)) => {
+                named = true;
                 response = c.header_name(&format!("{path}.response_header"), h)
             }
             (Some("default"), v) if v.as_u64().is_some() => default = v.as_u64(),
@@ -1473,6 +1477,8 @@ fn cost(
             c.err(path, "a cost has `header` or `response_header`, not both");
             return None;
         }
+        // A name that is not a valid field name was reported where it is.
+        (None, None) if named => return None,
         (None, None) => {
             c.err(path, "a header cost needs `header` or `response_header`");
             return None;

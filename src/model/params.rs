@@ -85,6 +85,8 @@ pub enum ParamsError {
     ZeroBurst,
     #[error("sliding_log keeps one entry per admitted unit: at most 10000 per window")]
     SlidingLogTooLarge,
+    #[error("max must be at least 1")]
+    ZeroMax,
     #[error("max must be at most 10000 requests in flight (one lease each)")]
     ConcurrencyTooLarge,
     #[error("lease must be at least 1s and at most 1d")]
@@ -156,7 +158,7 @@ impl Params {
     /// `algorithm: concurrency`: at most `max` in flight, leases of `lease_us`.
     pub fn concurrency(max: u64, lease_us: u64) -> Result<Params, ParamsError> {
         if max == 0 {
-            return Err(ParamsError::ZeroLimit);
+            return Err(ParamsError::ZeroMax);
         }
         if max > Self::MAX_CONCURRENCY {
             return Err(ParamsError::ConcurrencyTooLarge);
