@@ -342,6 +342,25 @@ fn services_ports_and_addresses_agree() {
         assert!(host_path(g, &home).is_some_and(|h| h.is_file()), "{home}");
     }
 
+    // Every kind of limit the dashboard has panels for is there, so none stays empty (TLS
+    // excepted: the compose file has no certificate).
+    let limits: Vec<&serde_yaml::Value> = cfg["routes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["limits"].as_sequence().into_iter().flatten())
+        .collect();
+    assert!(
+        limits
+            .iter()
+            .any(|l| l["cost"]["response_header"].is_string() || !l["count_when"].is_null()),
+        "no limit charged by the answer in config/docker.yaml"
+    );
+    assert!(
+        limits.iter().any(|l| l["algorithm"] == "concurrency"),
+        "no concurrency limit in config/docker.yaml"
+    );
+
     // The traffic generator talks to sluice's data port, on routes the config has.
     let traffic = str_list(&service(&c, "traffic")["command"]).join("\n");
     assert!(traffic.contains(&format!("http://sluice:{listen_port}/")));

@@ -342,6 +342,52 @@ async fn reloads_count_and_config_info_follows_the_version() {
     assert_eq!(m.matches("\nsluice_config_info{").count(), 1);
 }
 
+/// A reload that keeps a limit's name but changes what it settles (charged by the answer
+/// becomes a plain limit, a concurrency limit becomes a window) drops the series it no
+/// longer has; a new kind's series appears at zero.
+#[tokio::test]
+async fn a_limit_that_changes_kind_keeps_no_stale_series() {
+    let up = Upstream::start();
+    let yaml = |a: &str, b: &str| {
+        format!(
+            "upstreams: {{ up: {{ targets: [{}] }} }}\nroutes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: up\n    limits:\n      - {{ name: a, by: ip, {a} }}\n      - {{ name: b, by: ip, {b} }}\n",
+            up.url()
+        )
+    };
+    let charged = "algorithm: fixed_window, rate: 100/1m, count_when: { status: [5xx] }";
+    let slots = "algorithm: concurrency, max: 5";
+    let plain = "algorithm: fixed_window, rate: 100/1m";
+    let s = Sluice::start(&yaml(charged, slots));
+    let c = client();
+    let m = s.metrics(&c).await;
+    let series = |m: &str, name: &str, limit: &str| {
+        m.lines()
+            .any(|l| l.starts_with(name) && l.contains(&format!("limit=\"{limit}\"")))
+    };
+    assert!(series(&m, "sluice_limit_charged_total", "a"), "{m}");
+    assert!(series(&m, "sluice_limit_inflight", "b"), "{m}");
+
+    s.replace_config(&yaml(plain, plain));
+    let v = s.config_version();
+    let r = send(&c, Method::POST, &s.admin_url("/admin/reload"), &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = s.metrics(&c).await;
+    assert_eq!(metric(&m, "sluice_config_info", &[("version", &v)]), 1.0);
+    assert!(!series(&m, "sluice_limit_charged_total", "a"), "{m}");
+    assert!(!series(&m, "sluice_limit_inflight", "b"), "{m}");
+    assert!(series(&m, "sluice_limit_decisions_total", "a"), "{m}");
+
+    // And the other way round: the new kinds' series exist again.
+    s.replace_config(&yaml(slots, charged));
+    let r = send(&c, Method::POST, &s.admin_url("/admin/reload"), &[], b"").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = s.metrics(&c).await;
+    assert!(series(&m, "sluice_limit_inflight", "a"), "{m}");
+    assert!(series(&m, "sluice_limit_charged_total", "b"), "{m}");
+    assert!(!series(&m, "sluice_limit_charged_total", "a"), "{m}");
+    assert!(!series(&m, "sluice_limit_inflight", "b"), "{m}");
+}
+
 #[tokio::test]
 async fn inflight_is_released_when_the_client_goes_away() {
     let up = Upstream::start();

@@ -754,6 +754,15 @@ async fn redis_down_follows_each_policy_and_recovers() {
         30.0,
         "one store error per request:\n{m}"
     );
+    // A call that never reached Redis is not timed: store latency must not look fastest while
+    // the store is out.
+    let timed = |m: &str| metric(m, "sluice_store_duration_seconds_count", &[]);
+    let reached = |m: &str| store_errors(m, &["timeout", "script"]);
+    assert_eq!(
+        timed(&m) - timed(&before),
+        reached(&m) - reached(&before),
+        "calls that never reached Redis were timed:\n{m}"
+    );
     assert_eq!(
         metric(
             &m,
@@ -890,6 +899,47 @@ async fn paused_redis_never_holds_a_request_past_the_timeout() {
     })
     .await;
     assert!(ok, "no 429 after DEBUG SLEEP ended\n{}", log_of(&s));
+}
+
+/// A client that goes away while its decision waits on a stalled Redis was never forwarded:
+/// it counts as `client_gone`, not `forwarded`, and the upstream never sees it.
+#[tokio::test]
+async fn a_client_gone_before_its_decision_is_not_counted_forwarded() {
+    use std::io::Write as _;
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = config(
+        &standalone(&redis, "3s", 1),
+        "deny",
+        &up,
+        &[route(
+            "a",
+            "",
+            &["{ name: per-ip, by: ip, algorithm: fixed_window, rate: 100/1h }"],
+        )],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let before = s.metrics(&c).await;
+    redis.conn().cmd_ok(&["CLIENT", "PAUSE", "1500", "ALL"]);
+    let addr = s.addr;
+    tokio::task::spawn_blocking(move || {
+        let mut st = std::net::TcpStream::connect(addr).unwrap();
+        st.write_all(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+    })
+    .await
+    .unwrap();
+    let log = s.wait_log(&["\"status\":499"]);
+    // The pause ends; the call it held is answered and dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let m = s.metrics(&c).await;
+    let delta = |out: &str| outcome(&m, "a", out) - outcome(&before, "a", out);
+    assert_eq!(delta("client_gone"), 1.0, "{m}\n{log}");
+    assert_eq!(delta("forwarded"), 0.0, "{m}\n{log}");
+    assert!(log.contains("\"decision\":\"client_gone\""), "{log}");
+    assert_eq!(up.hits(), 0);
 }
 
 /// Connections to Redis that go silent without closing (its peer gone behind a virtual IP, a

@@ -3,7 +3,7 @@
 /// What became of a request, by the precedence of SPEC §5: limited > rejected_identity >
 /// store_error_denied > shadow_limited > store_error_allowed > forwarded; a 502/504 from the
 /// upstream side is upstream_error; a request refused before or while being read is
-/// rejected_request.
+/// rejected_request; one whose client went away before it was decided is client_gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Forwarded,
@@ -16,10 +16,13 @@ pub enum Outcome {
     UpstreamError,
     /// A path that does not normalize safely, a body that cannot be framed, CONNECT.
     RejectedRequest,
+    /// The client went away while its limits were being decided (nginx logs it 499): never
+    /// forwarded, and charged or not as the store call that was cut off went.
+    ClientGone,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Forwarded,
         Outcome::Limited,
         Outcome::ShadowLimited,
@@ -29,6 +32,7 @@ impl Outcome {
         Outcome::NoRoute,
         Outcome::UpstreamError,
         Outcome::RejectedRequest,
+        Outcome::ClientGone,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -42,6 +46,7 @@ impl Outcome {
             Outcome::NoRoute => "no_route",
             Outcome::UpstreamError => "upstream_error",
             Outcome::RejectedRequest => "rejected_request",
+            Outcome::ClientGone => "client_gone",
         }
     }
 }

@@ -165,7 +165,9 @@ impl Ctx {
             route: None,
             admission: Admission::default(),
             plan: None,
-            outcome: Outcome::Forwarded,
+            // What a request dropped before any phase set its outcome is: its client left
+            // while it was being decided (every earlier phase is synchronous).
+            outcome: Outcome::ClientGone,
             upstream: None,
             upstream_time: None,
             owed: None,

@@ -16,6 +16,7 @@ use super::Runtime;
 use crate::config::file::{File, Listen};
 use crate::config::Loaded;
 use crate::config::{self, ConfigError, ConfigErrors};
+use crate::model::limit::Charge;
 use crate::model::table::Boot;
 use crate::pipeline::live::Live;
 
@@ -191,6 +192,29 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         })
         .map(|(r, l)| (r.name.to_string(), l.name.to_string()))
         .collect();
+    // A kept limit whose settling changed (charged by the answer, a concurrency limit,
+    // neither) loses the series of what it no longer does.
+    let unsettled: Vec<(String, String, bool)> = old
+        .routes
+        .iter()
+        .flat_map(|r| r.limits.iter().map(move |l| (r, l)))
+        .filter_map(|(r, l)| {
+            let now = new
+                .route(&r.name)?
+                .limits
+                .iter()
+                .find(|n| n.name == l.name)?;
+            if std::mem::discriminant(&now.charge) == std::mem::discriminant(&l.charge) {
+                return None;
+            }
+            let by_answer = match l.charge {
+                Charge::Request => return None,
+                Charge::Answer { .. } => true,
+                Charge::InFlight => false,
+            };
+            Some((r.name.to_string(), l.name.to_string(), by_answer))
+        })
+        .collect();
     let gone_plans: Vec<String> = old
         .consumers
         .plans
@@ -225,6 +249,7 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         deny.clear();
     }
     gw.metrics.forget(&gone_routes, &gone_limits);
+    gw.metrics.forget_settled(&unsettled);
     gw.metrics.forget_plans(&gone_plans);
     gw.metrics.set_config_version(Some(&old.version), &version);
     version

@@ -314,6 +314,19 @@ impl Metrics {
             let _ = self.limit_charged.remove_label_values(&[route, limit]);
         }
     }
+
+    /// Remove the settling series of limits that no longer settle that way: (route, limit,
+    /// whether it was charged by the answer; else it held concurrency slots). Their other
+    /// series, and a new kind's, stay.
+    pub fn forget_settled(&self, limits: &[(String, String, bool)]) {
+        for (route, limit, by_answer) in limits {
+            let _ = if *by_answer {
+                self.limit_charged.remove_label_values(&[route, limit])
+            } else {
+                self.limit_inflight.remove_label_values(&[route, limit])
+            };
+        }
+    }
 }
 
 /// The route label of requests that matched no route.
@@ -329,9 +342,13 @@ pub struct StoreMetrics {
 
 impl StoreMetrics {
     /// One store call: how long it took, and how it failed (`kind` as in
-    /// [`STORE_ERROR_KINDS`]).
+    /// [`STORE_ERROR_KINDS`]). A call that never reached the store (no connection, the
+    /// breaker open) is counted as an error but not timed: its microseconds would pull the
+    /// latency panels down just when the store is out.
     pub fn call(&self, secs: f64, failed: Option<&str>) {
-        self.duration.observe(secs);
+        if !matches!(failed, Some("connection" | "breaker_open")) {
+            self.duration.observe(secs);
+        }
         if let Some(i) = failed.and_then(|k| STORE_ERROR_KINDS.iter().position(|x| *x == k)) {
             self.errors[i].inc();
         }
