@@ -65,8 +65,11 @@ local function spec_at(j, now)
   }
   local product = s.capacity * s.interval
   if algorithm == 'sliding_window' then product = s.limit * idiv(s.window, s.unit) end
-  -- A bucket may owe one more capacity after a charge (CHARGE): twice C·I.
-  if CHARGE[algorithm] ~= nil then product = 2 * product end
+  -- A bucket may owe one more capacity after a charge (CHARGE): twice C·I. (A sliding
+  -- window's debt never forms a product past N·Wu: see sliding_window.lua.)
+  if algorithm == 'token_bucket' or algorithm == 'leaky_bucket' or algorithm == 'gcra' then
+    product = 2 * product
+  end
   if product >= MAX_EXACT or now + 2 * s.window >= MAX_EXACT then
     error({err = 'sluice: parameters past 2^53 in ARGV[' .. j .. ']'})
   end
@@ -94,12 +97,7 @@ local function one(now, key, i, p, write, nonce)
   -- A probe (1) never writes; release (3) and renew (4) concern concurrency leases alone.
   if p.op ~= 2 then return algo(key, p, now, p.cost, false, nonce, i) end
   if not write or p.cost == 0 then return algo(key, p, now, 0, false, nonce, i) end
-  if CHARGE[p.algorithm] ~= nil then return CHARGE[p.algorithm](key, p, now, p.cost) end
-  -- A window charges what still fits in it.
-  local _, _, left = algo(key, p, now, 0, false, nonce, i)
-  local _, limit, remaining, retry, reset =
-    algo(key, p, now, min(p.cost, left), true, nonce, i)
-  return 0, limit, remaining, retry, reset
+  return CHARGE[p.algorithm](key, p, now, p.cost, nonce, i)
 end
 
 -- Every call of one request (its keys keys[k0 + 1 ..]), into out[o0 + 1 ..] (5 integers per

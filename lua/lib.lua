@@ -54,6 +54,6 @@ end
 -- admitted request writes its new state; a limited (1) or impossible (2) one never writes.
 -- nonce (unique per call) and index (the limit's position) only name sliding_log members.
 local ALGO = {}
--- CHARGE[name](key, p, now, cost) -> the same five values: the bucket algorithms' charge after
--- the answer, into debt (window algorithms charge what still fits, in decide.lua).
+-- CHARGE[name](key, p, now, cost, nonce, index) -> the same five values: the charge after the
+-- answer, even past the limit, into at most one capacity of debt that later requests wait out.
 local CHARGE = {}

@@ -15,8 +15,9 @@ end
 -- Elapsed units (× u) from which a count `by` weighs no more than `r`: Wu − floor(r·Wu / by).
 local function weighs_at_most(r, by, wu, u) return (wu - idiv(r * wu, by)) * u end
 
-ALGO.sliding_window = function(key, p, now, cost, commit)
-  local n, w, u = p.limit, p.window, p.unit
+-- The counts at now: window index k, elapsed e, current and previous counts (a state of
+-- window k - 1 becomes prev; an older one, or a future one, counts nothing).
+local function window_counts(key, w, now)
   local k = idiv(now, w)
   local e = now - k * w
   local s = redis.call('HMGET', key, 'w', 'c', 'p')
@@ -29,10 +30,21 @@ ALGO.sliding_window = function(key, p, now, cost, commit)
       prev = sc
     end
   end
+  return k, e, cur, prev
+end
+
+ALGO.sliding_window = function(key, p, now, cost, commit)
+  local n, w, u = p.limit, p.window, p.unit
+  local k, e, cur, prev = window_counts(key, w, now)
   local wu, eu = idiv(w, u), idiv(e, u)
   local zero = wu * u
-  local room = n * wu - prev * (wu - eu)
-  if room < 0 then room = 0 else room = idiv(room, wu) end
+  -- room = floor((N·Wu − prev·(Wu − eu)) / Wu), at least 0. A charge's debt lets prev reach
+  -- 2N, whose product with Wu could pass 2^53: it is formed only when below N·Wu.
+  local room = 0
+  local left = wu - eu
+  if prev == 0 or left <= idiv(n * wu - 1, prev) then
+    room = idiv(n * wu - prev * left, wu)
+  end
   local remaining = max(room - cur, 0)
   if cost > n then return 2, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
   if cost == 0 then return 0, n, remaining, 0, window_reset(cur, prev, w, e, zero) end
@@ -50,4 +62,17 @@ ALGO.sliding_window = function(key, p, now, cost, commit)
     expire_us(key, 2 * w - e)
   end
   return 0, n, remaining - cost, 0, window_reset(cur + cost, prev, w, e, zero)
+end
+
+-- Charge even past N (after the answer): the current count up to 2N, whose excess weighs on
+-- the next window as prev.
+CHARGE.sliding_window = function(key, p, now, cost)
+  local _, _, left = ALGO.sliding_window(key, p, now, 0, false)
+  if cost <= left then return ALGO.sliding_window(key, p, now, cost, true) end
+  local n, w = p.limit, p.window
+  local k, e, cur, prev = window_counts(key, w, now)
+  redis.call('HSET', key, 'w', fmt(k), 'c', fmt(min(cur + cost, 2 * n)), 'p', fmt(prev))
+  expire_us(key, 2 * w - e)
+  local _, _, _, _, reset = ALGO.sliding_window(key, p, now, 0, false)
+  return 0, n, 0, 0, reset
 end

@@ -132,6 +132,43 @@ async fn a_response_header_cost_goes_into_debt_that_is_waited_out() {
     }
 }
 
+/// A window algorithm keeps a charge's debt too (SPEC §11: the long-run rate holds): 190 units
+/// charged against a fixed window of 100 an hour leave the next hour owing 90, so the limit
+/// is full again only at the end of the next window, not of this one; the first unit is back
+/// when this one ends.
+#[tokio::test]
+async fn a_window_carries_a_charges_debt_into_the_next_window() {
+    let limit = "      - name: tokens\n        by: api_key\n        algorithm: fixed_window\n        rate: 100/1h\n        cost: { response_header: X-Tokens-Used, default: 0, max: 100 }\n";
+    for (kind, redis) in stores() {
+        let up = Upstream::start();
+        let s = Sluice::start(&format!(
+            "identities: {{ api_key: {{ header: X-Api-Key }} }}\n{}",
+            cfg(&store_of(&redis), &up, limit)
+        ));
+        let c = client();
+        let key = [("x-api-key", "k1")];
+        for n in [90, 100] {
+            let r = get(&c, &s.url(&format!("/tokens?n={n}")), &key).await;
+            assert_eq!(r.status, 200, "{kind}: {n} passes its probe");
+        }
+        let r = get(&c, &s.url("/tokens?n=1"), &key).await;
+        assert_eq!(r.status, 429, "{kind}");
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!(
+            retry <= 3600,
+            "{kind}: 190 < 200, one unit back at the hour: {retry}"
+        );
+        let url = s.admin_url("/admin/limits/api/tokens?key=k1");
+        let peek = get(&c, &url, &[]).await.json();
+        assert_eq!(peek["remaining"], 0, "{kind}: {peek}");
+        let reset = peek["reset_seconds"].as_u64().unwrap();
+        assert!(
+            reset > 3600,
+            "{kind}: the debt outlives this window (reset {reset} s)"
+        );
+    }
+}
+
 /// With k answers in flight on one key when it has 1 unit left, all k pass their probe and
 /// are charged: one window admits N − 1 + k = N + k − 1, and not one more.
 #[tokio::test]

@@ -5,7 +5,7 @@
 
 use super::Params;
 
-const DAY_US: u64 = 86_400_000_000;
+pub const DAY_US: u64 = 86_400_000_000;
 
 /// (year, month 1..=12) of a day count since 1970-01-01.
 fn civil_from_days(days: u64) -> (u64, u64) {

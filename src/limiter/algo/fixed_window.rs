@@ -15,24 +15,42 @@ pub fn window(p: &Params, now: u64) -> (u64, u64) {
     }
 }
 
-/// Units admitted in window `window` (= floor(now / W)).
+/// Units admitted in window `window` (= floor(now / W)); past N only by a charge after the
+/// answer, at most 2N.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     pub window: u64,
     pub count: u64,
 }
 
-/// A state from any other window counts nothing: an older one is over, and a future one
-/// (the store clock stepped back) belongs to a window that has not started; both read as fresh.
+/// The count at window `k`: its own, or what a charge put past N in the window just before
+/// (debt carried into this one, so the long-run rate holds). Any other window counts nothing:
+/// an older one is over, and a future one (the store clock stepped back) belongs to a window
+/// that has not started; both read as fresh.
+fn count_at(p: &Params, state: &Option<State>, k: u64) -> u64 {
+    match state {
+        Some(s) if s.window == k => s.count,
+        Some(s) if s.window.checked_add(1) == Some(k) => s.count.saturating_sub(p.limit),
+        _ => 0,
+    }
+}
+
+/// µs from `now` until a window holding `count` (at most 2N) at `now` has carried it all
+/// off: its end, or the next window's end when it carries debt into that one.
+fn until_clear(p: &Params, now: u64, count: u64, to_end: u64) -> u64 {
+    match count {
+        0 => 0,
+        c if c <= p.limit => to_end,
+        _ => to_end + calendar::window_at(p, now + to_end),
+    }
+}
+
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     let n = p.limit;
     let (k, to_end) = window(p, now);
-    let count = match state {
-        Some(s) if s.window == k => s.count,
-        _ => 0,
-    };
+    let count = count_at(p, state, k);
     let remaining = n.saturating_sub(count);
-    let reset = if count > 0 { to_end } else { 0 };
+    let reset = until_clear(p, now, count, to_end);
     if cost > n {
         return verdict(Code::CannotFit, n, remaining, 0, reset, None);
     }
@@ -40,8 +58,14 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         return verdict(Code::Allowed, n, remaining, 0, reset, None);
     }
     if cost > remaining {
-        // The next window starts empty and cost ≤ N, so it passes exactly then.
-        return verdict(Code::Limited, n, remaining, to_end, reset, None);
+        // The next window starts with what this one carries (at most N), and the one after
+        // it empty; cost ≤ N.
+        let retry = if count.saturating_sub(n) + cost <= n {
+            to_end
+        } else {
+            to_end + calendar::window_at(p, now + to_end)
+        };
+        return verdict(Code::Limited, n, remaining, retry, reset, None);
     }
     let ttl = commit.then(|| {
         *state = Some(State {
@@ -51,6 +75,21 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
         to_end
     });
     verdict(Code::Allowed, n, remaining - cost, 0, to_end, ttl)
+}
+
+/// Charge `cost` after the answer, even past N: up to 2N in this window, the excess carried
+/// into the next one, which admits that much less.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let n = p.limit;
+    let (k, to_end) = window(p, now);
+    let count = count_at(p, state, k);
+    if count + cost <= n {
+        return decide(p, state, now, cost, true);
+    }
+    let count = (count + cost).min(2 * n);
+    *state = Some(State { window: k, count });
+    let reset = until_clear(p, now, count, to_end);
+    verdict(Code::Allowed, n, 0, 0, reset, Some(reset))
 }
 
 #[cfg(test)]

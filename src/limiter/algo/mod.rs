@@ -86,8 +86,9 @@ impl Decision {
 
 /// After an admission that left nothing (`remaining` 0), the decision a cost-1 request would
 /// get at the same instant, where the reply alone says it exactly: a bucket has its first unit
-/// back C − 1 intervals before it is full again, a fixed window at its end. The sliding
-/// algorithms' replies do not say when their first unit frees (`None`).
+/// back C − 1 intervals before it is full again, a fixed window at its end (unless it may
+/// carry debt into the next). The sliding algorithms' replies do not say when their first
+/// unit frees (`None`).
 ///
 /// The deny cache keeps this: other gateways only consume, so nothing is admitted sooner.
 pub fn refusal_after(p: &Params, d: &Decision) -> Option<Decision> {
@@ -98,7 +99,19 @@ pub fn refusal_after(p: &Params, d: &Decision) -> Option<Decision> {
         a if a.is_bucket() => d
             .reset_after_us
             .saturating_sub((p.capacity - 1) * p.interval_us),
-        Algorithm::FixedWindow => d.reset_after_us,
+        // Past N (a charge's debt) the reply's reset is the next window's end, and the first
+        // unit may be back sooner, at this one's: said only by a reset no debt can have.
+        Algorithm::FixedWindow => {
+            let debt_from = if p.month {
+                28 * calendar::DAY_US
+            } else {
+                p.window_us + 1
+            };
+            if d.reset_after_us >= debt_from {
+                return None;
+            }
+            d.reset_after_us
+        }
         _ => return None,
     };
     (wait > 0).then_some(Decision {
@@ -174,10 +187,10 @@ pub fn run(
 }
 
 /// Charge `cost` whatever is left (after the answer; always admitted, `remaining` 0 when it
-/// did not fit). Buckets go into debt, at most one capacity of it, that later requests wait
-/// out. A window algorithm counts what still fits in the window: past N it refuses until
-/// the window (or, for sliding windows, the weight of it) moves on either way, and the excess
-/// would outlive the window only as a count no window keeps.
+/// did not fit), so the long-run rate holds: each algorithm goes into debt, at most one
+/// capacity of it, that later requests wait out. Buckets keep it as tokens owed; a fixed
+/// window counts up to 2N and carries the excess into the next window; a sliding window's
+/// count up to 2N weighs on the next window; a sliding log keeps up to 2N entries.
 pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
     if cost == 0 {
         return decide(p, state, now, 0, false);
@@ -194,12 +207,22 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
             ))
         }
         Algorithm::Gcra => on_state!(state, Gcra, |own| gcra::charge(p, &mut own, now, cost)),
-        _ => {
-            let left = decide(p, state, now, 0, false).decision.remaining;
-            let mut v = decide(p, state, now, cost.min(left), true);
-            v.decision.code = Code::Allowed;
-            v
+        Algorithm::FixedWindow => {
+            on_state!(state, FixedWindow, |own| fixed_window::charge(
+                p, &mut own, now, cost
+            ))
         }
+        Algorithm::SlidingWindow => {
+            on_state!(state, SlidingWindow, |own| sliding_window::charge(
+                p, &mut own, now, cost
+            ))
+        }
+        Algorithm::SlidingLog => {
+            on_state!(state, SlidingLog, |own| sliding_log::charge(
+                p, &mut own, now, cost
+            ))
+        }
+        Algorithm::Concurrency => decide(p, state, now, 0, false),
     }
 }
 
@@ -381,7 +404,7 @@ mod tests {
     }
 
     /// A charge that does not fit leaves the state in debt that a cost-1 request waits out
-    /// exactly (buckets), or uses up the window (window algorithms).
+    /// exactly, at most one capacity of it.
     #[test]
     fn a_charge_past_the_limit_is_waited_out() {
         let t0 = 1_700_000_000 * S;
@@ -393,19 +416,27 @@ mod tests {
             assert_eq!((v.decision.code, v.decision.remaining), (Code::Allowed, 0));
             let d = peek(&p, &st, t0, 1);
             let want = match a {
-                // The window is used up: its end, or when the full previous window weighs
-                // little enough.
-                Algorithm::SlidingWindow => 6 * S,
-                // Buckets: 1 + 8 taken from 5 is 4 owed, and the next token after them.
+                // 9 in this window weigh on the next until 9·(W − e') ≤ 4·W: e' ≥ 5/9 W.
+                Algorithm::SlidingWindow => 5 * S + 5 * S - 4 * 5 * S / 9,
+                // Buckets: 1 + 8 taken from 5 is 4 owed, and the next token after them. A
+                // fixed window carries the 4 into the next one, where 1 more fits; a log's 9
+                // entries of now age out together.
                 _ => 5 * S,
             };
             assert_eq!((d.code, d.retry_after_us), (Code::Limited, want), "{a:?}");
-            if a.is_bucket() {
-                // The debt is at most one capacity: a charge of 100 waits 2C intervals.
-                let v = charge_step(&p, &mut st, t0, 100);
-                assert_eq!(v.decision.reset_after_us, 10 * S, "{a:?}");
-                assert_eq!(peek(&p, &st, t0, 1).retry_after_us, 6 * S, "{a:?}");
-            }
+            // The debt is at most one capacity: a charge of 100 waits it all out.
+            charge_step(&p, &mut st, t0, 100);
+            let want = match a {
+                // 2C owed: the sixth token comes 6 intervals on.
+                _ if a.is_bucket() => 6 * S,
+                // 2N: the next window starts full, the one after empty.
+                Algorithm::FixedWindow => 10 * S,
+                // 10 weigh on the next window until 10·(W − e') ≤ 4·W: e' ≥ 3/5 W.
+                Algorithm::SlidingWindow => 5 * S + 3 * S,
+                // 10 entries of now: all age out at once.
+                _ => 5 * S,
+            };
+            assert_eq!(peek(&p, &st, t0, 1).retry_after_us, want, "{a:?}");
         }
     }
 

@@ -65,6 +65,28 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     verdict(Code::Allowed, n, remaining - cost, 0, reset, ttl)
 }
 
+/// Charge `cost` after the answer, even past N: the units that fit and the excess alike are
+/// entries of now (at most 2N live), which later requests wait out as they age.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let before = decide(p, state, now, 0, false).decision;
+    if cost <= before.remaining {
+        return decide(p, state, now, cost, true);
+    }
+    let s = state.get_or_insert_with(State::default);
+    let w = p.window_us;
+    let gone = match s.log.back() {
+        Some(&newest) if newest > now => s.log.len(),
+        _ => s.log.partition_point(|&e| e.saturating_add(w) <= now),
+    };
+    s.log.drain(..gone);
+    let room = (2 * p.limit).saturating_sub(s.log.len() as u64);
+    s.log
+        .extend(std::iter::repeat_n(now, cost.min(room) as usize));
+    // Until the newest entry ages out (now, unless the log was full already).
+    let reset = decide(p, state, now, 0, false).decision.reset_after_us;
+    verdict(Code::Allowed, p.limit, 0, 0, reset, Some(reset))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

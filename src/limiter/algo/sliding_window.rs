@@ -85,6 +85,36 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     )
 }
 
+/// Charge `cost` after the answer, even past N: the current count goes up to 2N, and the
+/// excess weighs on the next window as `prev`, which later requests wait out.
+pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let before = decide(p, state, now, 0, false).decision;
+    if cost <= before.remaining {
+        return decide(p, state, now, cost, true);
+    }
+    let w = p.window_us;
+    let (k, e) = (now / w, now % w);
+    let (cur, prev) = match state {
+        Some(s) if s.window == k => (s.cur, s.prev),
+        Some(s) if k.checked_sub(1) == Some(s.window) => (0, s.cur),
+        _ => (0, 0),
+    };
+    *state = Some(State {
+        window: k,
+        cur: (cur + cost).min(2 * p.limit),
+        prev,
+    });
+    let after = decide(p, state, now, 0, false).decision;
+    verdict(
+        Code::Allowed,
+        p.limit,
+        0,
+        0,
+        after.reset_after_us,
+        Some(2 * w - e),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -83,7 +83,15 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
                 matches!(
                     p.algorithm,
                     Algorithm::SlidingLog | Algorithm::SlidingWindow
-                ) || next.allowed(),
+                ) || next.allowed()
+                    // A fixed window that may carry a charge's debt into the next.
+                    || (p.algorithm == Algorithm::FixedWindow
+                        && d.reset_after_us
+                            > if p.month {
+                                28 * super::calendar::DAY_US - 1
+                            } else {
+                                p.window_us
+                            }),
                 "{:?} says nothing about its next refusal: {d:?}",
                 p.algorithm
             ),
