@@ -23,17 +23,24 @@ local function log_add(key, now, horizon, future, count, nonce, index, w)
   expire_us(key, w)
 end
 
-ALGO.sliding_log = function(key, p, now, cost, commit, nonce, index)
-  local n, w = p.limit, p.window
+-- The log at now: its horizon (entries at or before it are gone), newest entry, whether it
+-- is from the future (corruption, or the clock stepped back: it then reads as fresh), and
+-- how many entries are live.
+local function log_at(key, now, w)
   local horizon = fmt(now - w)
   local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
   local newest = top[2] and tonumber(top[2])
-  -- A log holding entries after now (corruption, or the clock stepped back) reads as fresh.
   local future = newest ~= nil and newest > now
   local live = 0
   if newest ~= nil and not future then
     live = redis.call('ZCOUNT', key, '(' .. horizon, '+inf')
   end
+  return horizon, newest, future, live
+end
+
+ALGO.sliding_log = function(key, p, now, cost, commit, nonce, index)
+  local n, w = p.limit, p.window
+  local horizon, newest, future, live = log_at(key, now, w)
   local reset = 0
   if live > 0 then reset = newest + w - now end
   local remaining = max(n - live, 0)
@@ -55,14 +62,7 @@ CHARGE.sliding_log = function(key, p, now, cost, nonce, index)
   local _, n, left, _, reset = ALGO.sliding_log(key, p, now, 0, false, nonce, index)
   if cost <= left then return ALGO.sliding_log(key, p, now, cost, true, nonce, index) end
   local w = p.window
-  local horizon = fmt(now - w)
-  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
-  local newest = top[2] and tonumber(top[2])
-  local future = newest ~= nil and newest > now
-  local live = 0
-  if newest ~= nil and not future then
-    live = redis.call('ZCOUNT', key, '(' .. horizon, '+inf')
-  end
+  local horizon, _, future, live = log_at(key, now, w)
   local add = min(cost, 2 * n - live)
   if add > 0 then
     log_add(key, now, horizon, future, add, nonce, index, w)

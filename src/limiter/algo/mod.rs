@@ -195,33 +195,18 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
     if cost == 0 {
         return decide(p, state, now, 0, false);
     }
+    macro_rules! charge {
+        ($m:ident, $v:ident) => {
+            on_state!(state, $v, |own| $m::charge(p, &mut own, now, cost))
+        };
+    }
     match p.algorithm {
-        Algorithm::TokenBucket => {
-            on_state!(state, TokenBucket, |own| token_bucket::charge(
-                p, &mut own, now, cost
-            ))
-        }
-        Algorithm::LeakyBucket => {
-            on_state!(state, LeakyBucket, |own| leaky_bucket::charge(
-                p, &mut own, now, cost
-            ))
-        }
-        Algorithm::Gcra => on_state!(state, Gcra, |own| gcra::charge(p, &mut own, now, cost)),
-        Algorithm::FixedWindow => {
-            on_state!(state, FixedWindow, |own| fixed_window::charge(
-                p, &mut own, now, cost
-            ))
-        }
-        Algorithm::SlidingWindow => {
-            on_state!(state, SlidingWindow, |own| sliding_window::charge(
-                p, &mut own, now, cost
-            ))
-        }
-        Algorithm::SlidingLog => {
-            on_state!(state, SlidingLog, |own| sliding_log::charge(
-                p, &mut own, now, cost
-            ))
-        }
+        Algorithm::FixedWindow => charge!(fixed_window, FixedWindow),
+        Algorithm::SlidingLog => charge!(sliding_log, SlidingLog),
+        Algorithm::SlidingWindow => charge!(sliding_window, SlidingWindow),
+        Algorithm::TokenBucket => charge!(token_bucket, TokenBucket),
+        Algorithm::LeakyBucket => charge!(leaky_bucket, LeakyBucket),
+        Algorithm::Gcra => charge!(gcra, Gcra),
         Algorithm::Concurrency => decide(p, state, now, 0, false),
     }
 }

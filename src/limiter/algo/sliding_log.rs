@@ -24,6 +24,15 @@ impl State {
     }
 }
 
+/// How many of the oldest entries are gone at `now`: those admitted at or before now − W
+/// (written without subtracting, now may be < W), or all of a log from the future.
+fn gone_at(log: &VecDeque<u64>, now: u64, w: u64) -> usize {
+    match log.back() {
+        Some(&newest) if newest > now => log.len(),
+        _ => log.partition_point(|&e| e.saturating_add(w) <= now),
+    }
+}
+
 /// A log holding entries after `now` cannot come from this store clock (corruption, or the
 /// clock stepped back): it reads as fresh, as every algorithm reads a state from the future.
 /// That admits at most one fresh quota, and keeps retries exact (a reading that changed as
@@ -32,11 +41,7 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     let (n, w) = (p.limit, p.window_us);
     let empty = VecDeque::new();
     let log = state.as_ref().map_or(&empty, |s| &s.log);
-    // Gone: admitted at or before now − W (written without subtracting, now may be < W).
-    let gone = match log.back() {
-        Some(&newest) if newest > now => log.len(),
-        _ => log.partition_point(|&e| e.saturating_add(w) <= now),
-    };
+    let gone = gone_at(log, now, w);
     let live = (log.len() - gone) as u64;
     let until_gone = |e: u64| e.saturating_add(w) - now;
     let reset = log
@@ -74,10 +79,7 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
     }
     let s = state.get_or_insert_with(State::default);
     let w = p.window_us;
-    let gone = match s.log.back() {
-        Some(&newest) if newest > now => s.log.len(),
-        _ => s.log.partition_point(|&e| e.saturating_add(w) <= now),
-    };
+    let gone = gone_at(&s.log, now, w);
     s.log.drain(..gone);
     let room = (2 * p.limit).saturating_sub(s.log.len() as u64);
     s.log
