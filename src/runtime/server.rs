@@ -107,12 +107,11 @@ pub struct Timeouts {
 
 /// Serve `listener` with `handler` until `stop` leaves `Serving`, then give in-flight
 /// requests (and upgraded tunnels) up to `drain` to finish (or until `stop` is `Cut`), and
-/// close what is left. A connection that has
-/// not begun a request when the drain starts is closed at once, as nginx closes its idle
-/// ones; one whose first bytes are in has that request served, with `Connection: close`.
-/// `timeouts` cut off clients that are slow to send a request head or to read an answer.
-/// With a `share`, this worker takes part in spreading the listener's connections over the
-/// workers (see [`super::spread`]).
+/// close what is left. A connection that has not begun a request when the drain starts is
+/// closed at once, as nginx closes its idle ones; one whose first bytes are in has that
+/// request served, with `Connection: close`. `timeouts` cut off clients that are slow to
+/// send a request head or to read an answer. With a `share`, this worker takes part in
+/// spreading the listener's connections over the workers (see [`super::spread`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn serve<H, F, R>(
     listener: TcpListener,
