@@ -114,7 +114,17 @@ async fn the_cache_never_refuses_what_the_store_would_admit() {
     let c = client();
     // 2 of 3 used; a cost-2 request is refused (and cached) …
     assert_eq!(hit(&c, &s, "2").await.status, 200);
-    assert_eq!(hit(&c, &s, "2").await.status, 429);
+    let store_said = hit(&c, &s, "2").await;
+    assert_eq!(store_said.status, 429);
+    // … and refused again from the cache, with the fields the store gave (1 left).
+    let base = script_calls(&redis);
+    let cached = hit(&c, &s, "2").await;
+    assert_eq!(cached.status, 429);
+    assert_eq!(script_calls(&redis), base, "answered from the cache");
+    for r in [&store_said, &cached] {
+        let fields = r.header("ratelimit").unwrap();
+        assert!(fields.contains(";r=1;"), "{fields}");
+    }
     // … but a cost-1 request may still fit: it asks the store, which admits it.
     let base = script_calls(&redis);
     assert_eq!(hit(&c, &s, "1").await.status, 200);

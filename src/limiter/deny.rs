@@ -64,7 +64,7 @@ impl Default for DenyCache {
 
 impl DenyCache {
     /// The decision to answer with if a request of `cost` on `key` is certainly refused at
-    /// `now`: limited, remaining 0, retry-after the time left.
+    /// `now`: the store's (limited, what it said was left), retry-after the time left.
     pub fn check(&self, key: &str, cost: u64, now: Instant) -> Option<Decision> {
         if self.len.load(Ordering::Relaxed) == 0 {
             return None;
@@ -78,7 +78,6 @@ impl DenyCache {
         let elapsed = now.duration_since(e.sent);
         let reset = Duration::from_micros(e.decision.reset_after_us).saturating_sub(elapsed);
         Some(Decision {
-            remaining: 0,
             retry_after_us: micros(left),
             reset_after_us: micros(reset.max(left)),
             ..e.decision
@@ -195,6 +194,18 @@ mod tests {
         assert_eq!(d.code, Code::Limited);
         assert_eq!(d.retry_after_us, 600_000);
         assert_eq!(d.reset_after_us, 1_600_000);
+        assert_eq!(d.remaining, 0);
+        // What the store said was left is what the cache says: 1 of a cost-2 refusal.
+        c.refused(
+            "one-left",
+            2,
+            Decision {
+                remaining: 1,
+                ..limited(1_000_000)
+            },
+            t0,
+        );
+        assert_eq!(c.check("one-left", 2, t0).unwrap().remaining, 1);
         assert!(
             c.check("k", 5, t0).is_none(),
             "a larger cost waits longer, by what only the store knows: ask it"
