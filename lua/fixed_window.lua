@@ -49,9 +49,9 @@ local function until_clear(n, count, to_end, next_len)
   return to_end + next_len
 end
 
-local function fixed(key, p, now, cost, commit, k, to_end, next_len)
+-- Decide `cost` on a window holding `count` (see count_at).
+local function fixed(key, p, cost, commit, k, to_end, next_len, count)
   local n = p.limit
-  local count = count_at(key, n, k)
   local remaining = max(n - count, 0)
   local reset = until_clear(n, count, to_end, next_len)
   if cost > n then return 2, n, remaining, 0, reset end
@@ -70,10 +70,10 @@ local function fixed(key, p, now, cost, commit, k, to_end, next_len)
 end
 
 -- Charge even past N (after the answer): up to 2N, the excess carried into the next window.
-local function fixed_charge(key, p, now, cost, k, to_end, next_len)
+local function fixed_charge(key, p, cost, k, to_end, next_len)
   local n = p.limit
   local count = count_at(key, n, k)
-  if count + cost <= n then return fixed(key, p, now, cost, true, k, to_end, next_len) end
+  if count + cost <= n then return fixed(key, p, cost, true, k, to_end, next_len, count) end
   count = min(count + cost, 2 * n)
   redis.call('HSET', key, 'w', fmt(k), 'n', fmt(count))
   local reset = until_clear(n, count, to_end, next_len)
@@ -99,20 +99,20 @@ end
 
 ALGO.fixed_window = function(key, p, now, cost, commit)
   local k, to_end, next_len = epoch_window(p, now)
-  return fixed(key, p, now, cost, commit, k, to_end, next_len)
+  return fixed(key, p, cost, commit, k, to_end, next_len, count_at(key, p.limit, k))
 end
 
 ALGO.fixed_month = function(key, p, now, cost, commit)
   local k, to_end, next_len = month_window(now)
-  return fixed(key, p, now, cost, commit, k, to_end, next_len)
+  return fixed(key, p, cost, commit, k, to_end, next_len, count_at(key, p.limit, k))
 end
 
 CHARGE.fixed_window = function(key, p, now, cost)
   local k, to_end, next_len = epoch_window(p, now)
-  return fixed_charge(key, p, now, cost, k, to_end, next_len)
+  return fixed_charge(key, p, cost, k, to_end, next_len)
 end
 
 CHARGE.fixed_month = function(key, p, now, cost)
   local k, to_end, next_len = month_window(now)
-  return fixed_charge(key, p, now, cost, k, to_end, next_len)
+  return fixed_charge(key, p, cost, k, to_end, next_len)
 end

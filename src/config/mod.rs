@@ -96,14 +96,17 @@ pub fn load(path: &Path) -> Result<Loaded, ConfigErrors> {
 
 /// The text of `path` (a `what` file), or an error at its 1:1.
 pub fn read(path: &Path, what: &str) -> Result<String, ConfigErrors> {
-    std::fs::read_to_string(path).map_err(|e| {
-        ConfigErrors(vec![ConfigError {
-            file: path.display().to_string(),
-            line: 1,
-            col: 1,
-            message: format!("cannot read {what}: {e}"),
-        }])
-    })
+    std::fs::read_to_string(path).map_err(|e| read_error(path, what, &e))
+}
+
+/// `e`, met reading `path` (a `what` file), as an error at its 1:1.
+pub fn read_error(path: &Path, what: &str, e: &std::io::Error) -> ConfigErrors {
+    ConfigErrors(vec![ConfigError {
+        file: path.display().to_string(),
+        line: 1,
+        col: 1,
+        message: format!("cannot read {what}: {e}"),
+    }])
 }
 
 /// Parse, validate and compile config text; `name` is used in error positions.

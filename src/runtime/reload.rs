@@ -36,7 +36,16 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
     let _serial = gw.reload_lock.lock();
     let name = gw.config_path.display().to_string();
     let read = || config::read(&gw.config_path, "config");
-    let mut text = read();
+    let raw = std::fs::read_to_string(&gw.config_path);
+    // Out of descriptors or memory for a moment says nothing of the file: it is looked at
+    // again at the next event, and neither a bad edit nor a change is counted.
+    if let (Trigger::File, Err(e)) = (trigger, &raw) {
+        if transient(e) {
+            tracing::warn!(error = %e, "cannot read the config now; the running config is kept");
+            return Ok(gw.live.load().table.version.clone());
+        }
+    }
+    let mut text = raw.map_err(|e| config::read_error(&gw.config_path, "config", &e));
     // Editors write several events per save, and a directory holds more than the config: a
     // file event acts only when the config or a file it reads changed. Checked first, on the
     // raw bytes, so an unrelated file in the directory costs no parse.
@@ -45,14 +54,6 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
         fingerprint_of(text.as_deref().unwrap_or(""), &seen.files) == seen.hash
     };
     if trigger == Trigger::File {
-        // Out of descriptors or memory for a moment says nothing of the file: it is looked at
-        // again at the next event, and neither a bad edit nor a change is counted.
-        if let Err(e) = std::fs::File::open(&gw.config_path) {
-            if transient(&e) {
-                tracing::warn!(error = %e, "cannot read the config now; the running config is kept");
-                return Ok(gw.live.load().table.version.clone());
-            }
-        }
         if unchanged(&text) {
             return Ok(gw.live.load().table.version.clone());
         }

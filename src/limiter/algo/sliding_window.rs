@@ -16,10 +16,17 @@ pub struct State {
     pub prev: u64,
 }
 
-/// A state of window k − 1 becomes `prev`; an older state, or one from a future window (the
-/// store clock stepped back), counts nothing.
-///
-/// Exact times (`unit` u, `zero` = Wu·u, the elapsed time at which the previous window's
+/// (cur, prev) at window `k`: a state of window k − 1 becomes `prev`; an older state, or one
+/// from a future window (the store clock stepped back), counts nothing.
+fn counts_at(state: &Option<State>, k: u64) -> (u64, u64) {
+    match state {
+        Some(s) if s.window == k => (s.cur, s.prev),
+        Some(s) if k.checked_sub(1) == Some(s.window) => (0, s.cur),
+        _ => (0, 0),
+    }
+}
+
+/// Decide at `now` from the counts of [`counts_at`]. Exact times (`unit` u, `zero` = Wu·u, the elapsed time at which the previous window's
 /// weight reaches 0, = W whenever u divides W, i.e. always for whole-millisecond windows):
 /// - retry, cur + cost > N: the current window can never fit it, so wait into the next one
 ///   until cur·(Wu − eu') ≤ (N − cost)·Wu: (W − e) + u·(Wu − floor((N − cost)·Wu / cur));
@@ -31,11 +38,7 @@ pub struct State {
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     let (n, w, u) = (p.limit, p.window_us, p.unit_us);
     let (k, e) = (now / w, now % w);
-    let (cur, prev) = match state {
-        Some(s) if s.window == k => (s.cur, s.prev),
-        Some(s) if k.checked_sub(1) == Some(s.window) => (0, s.cur),
-        _ => (0, 0),
-    };
+    let (cur, prev) = counts_at(state, k);
     let (wu, eu) = (u128::from(w / u), u128::from(e / u));
     let zero = w / u * u;
     // Largest cur' with prev·(Wu − eu) + cur'·Wu ≤ N·Wu; remaining is what it leaves.
@@ -94,11 +97,7 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
     }
     let w = p.window_us;
     let (k, e) = (now / w, now % w);
-    let (cur, prev) = match state {
-        Some(s) if s.window == k => (s.cur, s.prev),
-        Some(s) if k.checked_sub(1) == Some(s.window) => (0, s.cur),
-        _ => (0, 0),
-    };
+    let (cur, prev) = counts_at(state, k);
     *state = Some(State {
         window: k,
         cur: (cur + cost).min(2 * p.limit),
