@@ -26,7 +26,7 @@ fn counts_at(state: &Option<State>, k: u64) -> (u64, u64) {
     }
 }
 
-/// Decide at `now` from the counts of [`counts_at`]. Exact times (`unit` u, `zero` = Wu·u, the elapsed time at which the previous window's
+/// Decide at `now` from the counts of `counts_at`. Exact times (`unit` u, `zero` = Wu·u, the elapsed time at which the previous window's
 /// weight reaches 0, = W whenever u divides W, i.e. always for whole-millisecond windows):
 /// - retry, cur + cost > N: the current window can never fit it, so wait into the next one
 ///   until cur·(Wu − eu') ≤ (N − cost)·Wu: (W − e) + u·(Wu − floor((N − cost)·Wu / cur));
