@@ -2185,8 +2185,10 @@ fn charged(
     );
     let plan = sluice::pipeline::admit::plan(route, &mut who, &headers, &t.consumers)?;
     let (clock, _) = Clock::manual(1 << 40);
-    let store = Arc::new(MemoryStore::new(64, clock.clone()));
-    let local = MemoryStore::new(64, clock);
+    // 64 shards of 64 keys: at 64 keys in all, two of a request's keys in one shard would
+    // evict each other.
+    let store = Arc::new(MemoryStore::new(64 * 64, clock.clone()));
+    let local = MemoryStore::new(64 * 64, clock);
     let store = Store::Memory(store);
     let stores = sluice::pipeline::admit::Stores {
         store: &store,

@@ -36,8 +36,14 @@ fn live_of(l: Loaded, metrics: &Metrics) -> Live {
     Live::new(l.table, l.file, &l.tls.upstreams, None, metrics, 1)
 }
 
+/// Room for every key a test makes: the store holds `max_keys` as 64 shards of
+/// `max_keys / 64`, so 64 would be one key per shard, and two keys hashed to one shard would
+/// evict each other (which made `a_refusing_limit_wins_and_reports_the_longest_wait` fail about
+/// once in 64 runs, the hash being keyed afresh per process).
+const KEYS: usize = 64 * 64;
+
 fn memory() -> Store {
-    Store::Memory(Arc::new(MemoryStore::new(64, Clock::manual(START_US).0)))
+    Store::Memory(Arc::new(MemoryStore::new(KEYS, Clock::manual(START_US).0)))
 }
 
 /// A Redis store whose server is not there: every decision fails within its timeout.
@@ -83,7 +89,7 @@ async fn admit(
 }
 
 fn local() -> MemoryStore {
-    MemoryStore::new(64, Clock::manual(START_US).0)
+    MemoryStore::new(KEYS, Clock::manual(START_US).0)
 }
 
 fn outcome(v: &Result<(Admission, Verdict), GatewayError>) -> Outcome {
