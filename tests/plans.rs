@@ -682,6 +682,28 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
         "{err}"
     );
     assert!(!err.contains("panicked") && !err.contains(PRO_KEY), "{err}");
+    // A bare `null` or `~` is no key (a template that rendered nothing), not the guessable
+    // key "null"; quoted, it is a key like any other.
+    for bare in ["null", "~", "Null", "NULL"] {
+        let none = good.replace(
+            &format!("keys: [{PRO_KEY}]"),
+            &format!("keys: [{PRO_KEY}, {bare}]"),
+        );
+        let (ok, _, err) = check_config(dir.path(), &none);
+        assert!(!ok, "`{bare}` was taken for a key");
+        let want = at("keys: [", 1);
+        assert!(
+            err.lines().any(|l| l.starts_with(&want)
+                && l.contains("an API key may not be empty (a bare `null` or `~`")),
+            "{want}:\n{err}"
+        );
+    }
+    let quoted = good.replace(
+        &format!("keys: [{PRO_KEY}]"),
+        &format!("keys: [{PRO_KEY}, \"null\"]"),
+    );
+    let (ok, _, err) = check_config(dir.path(), &quoted);
+    assert!(ok, "{err}");
     // A route limit keyed by consumer needs `consumers:` on its route.
     let keyed = good.replace(
         "    consumers: optional\n    limits:\n      - { name: per-ip, by: ip,",

@@ -1341,7 +1341,10 @@ fn consumer_list(
         for (j, key) in k.keys.iter().enumerate() {
             let at = format!("{base}.keys[{j}]");
             if key.is_empty() {
-                here.err(&at, "an API key may not be empty");
+                here.err(
+                    &at,
+                    "an API key may not be empty (a bare `null` or `~` is YAML for none: quote a key spelled so)",
+                );
                 continue;
             }
             // A request's key is read as a field value (trimmed, visible ASCII): any other key

@@ -522,7 +522,10 @@ fn present_upstreams<'de, D: serde::Deserializer<'de>>(
 }
 
 /// Plain API keys: a list. Anything else is refused without its value, which would be a key
-/// in clear in the error (on stderr, in the log, in the admin API's answer to a reload).
+/// in clear in the error (on stderr, in the log, in the admin API's answer to a reload). A
+/// bare `null` or `~` item is YAML for no value, not a key spelled so (a template that
+/// rendered nothing would otherwise give a consumer a key anyone can guess): it is read as
+/// empty, which validation refuses; a quoted `"null"` is a key.
 fn key_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
     struct Keys;
     impl<'de> serde::de::Visitor<'de> for Keys {
@@ -535,8 +538,8 @@ fn key_list<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Er
             mut seq: A,
         ) -> Result<Self::Value, A::Error> {
             let mut keys = Vec::new();
-            while let Some(k) = seq.next_element::<String>()? {
-                keys.push(k);
+            while let Some(k) = seq.next_element::<Option<String>>()? {
+                keys.push(k.unwrap_or_default());
             }
             Ok(keys)
         }
