@@ -63,7 +63,9 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
     let first = hit(&c, &s, "2").await;
     assert_eq!(first.status, 429);
     assert_eq!(script_calls(&redis), base + 1, "the store refused once");
-    // … and then by the gateway alone until the window ends.
+    // … and then by the gateway alone, asking the store again once a second (another
+    // gateway may have reset the key), until the window ends.
+    let started = std::time::Instant::now();
     for _ in 0..200 {
         let r = hit(&c, &s, "2").await;
         assert_eq!(r.status, 429);
@@ -81,10 +83,22 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
         assert!(retry <= store_retry, "{retry} > {store_retry}");
         assert_eq!(r.json()["limit"], "per-ip");
     }
+    let held = started.elapsed().as_secs();
+    let calls = script_calls(&redis) - base;
+    assert!(
+        calls <= 2 + held,
+        "200 refusals in {held} s asked the store {calls} times, not once a second"
+    );
+    // Past the hold, one store call refuses (the hour is not over) and is cached again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let base = script_calls(&redis);
+    for _ in 0..20 {
+        assert_eq!(hit(&c, &s, "2").await.status, 429);
+    }
     assert_eq!(
         script_calls(&redis),
         base + 1,
-        "200 refusals within the retry window asked the store again"
+        "the refusal was not cached again"
     );
     assert_eq!(up.hits(), 1);
     let m = s.metrics(&c).await;
@@ -94,7 +108,7 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
             "sluice_requests_total",
             &[("route", "r"), ("outcome", "limited")]
         ),
-        201.0
+        221.0
     );
     assert_eq!(
         support::metric(
@@ -102,7 +116,7 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
             "sluice_limit_decisions_total",
             &[("route", "r"), ("limit", "per-ip"), ("decision", "limited")]
         ),
-        201.0
+        221.0
     );
 }
 
@@ -153,6 +167,45 @@ async fn the_cache_never_refuses_what_the_store_would_admit() {
         })
         .await,
         "the raised limit was refused from the cache"
+    );
+}
+
+/// Each gateway keeps its own cache: a key reset through another one (a consumer's top-up)
+/// is seen once this one's hold of a second has passed, not when the window ends.
+#[tokio::test]
+async fn a_reset_through_another_gateway_is_seen_within_the_hold() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let cfg = config(&redis, &up, "2/30d");
+    let (one, two) = (Sluice::start(&cfg), Sluice::start(&cfg));
+    let c = client();
+    assert_eq!(hit(&c, &one, "2").await.status, 200);
+    let refused = hit(&c, &two, "2").await;
+    assert_eq!(refused.status, 429);
+    let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
+    assert!(wait > 3600, "a month's wait: {wait}");
+    let base = script_calls(&redis);
+    assert_eq!(hit(&c, &two, "2").await.status, 429);
+    assert_eq!(
+        script_calls(&redis),
+        base,
+        "refused from the second gateway's cache"
+    );
+    let reset = support::send(
+        &c,
+        http::Method::DELETE,
+        &one.admin_url("/admin/limits/r/per-ip?key=127.0.0.1"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(reset.status, 204, "{}", reset.text());
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            hit(&c, &two, "2").await.status == 200
+        })
+        .await,
+        "the second gateway kept refusing a reset key from its cache"
     );
 }
 

@@ -17,6 +17,10 @@
 //! expired ones (at most every `PRUNE_EVERY`, so a cache full of live entries costs an insert
 //! no scan), and if it is still full the new entry is not kept (the store simply gets asked
 //! again).
+//!
+//! An entry is held at most [`MAX_HOLD`], however long its wait: what another gateway's admin
+//! reset (a consumer's top-up) or a flushed Redis gave back is then seen within a second,
+//! not at the end of a monthly window, for one store call per second per hammered key.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -28,6 +32,9 @@ use super::keyed::Shards;
 
 /// Entries kept at most (≈100 bytes each with its key).
 pub const MAX_ENTRIES: usize = 100_000;
+/// How long a refusal is answered from the cache before the store is asked again (which
+/// refuses again, and is cached again, while the wait lasts).
+pub const MAX_HOLD: Duration = Duration::from_secs(1);
 /// How often a full cache may scan a shard for expired entries on insert (the periodic sweep
 /// still runs).
 const PRUNE_EVERY: Duration = Duration::from_millis(100);
@@ -37,6 +44,8 @@ const SHARDS: usize = 16;
 struct Entry {
     /// Before this instant, a request of at least `cost` is refused.
     until: Instant,
+    /// Until this instant (`until`, or [`MAX_HOLD`] after `sent` if sooner) the cache answers.
+    expires: Instant,
     cost: u64,
     /// The store's decision, for the quota and reset shown to the client.
     decision: Decision,
@@ -71,7 +80,7 @@ impl DenyCache {
         }
         let k = self.shards.hashed(key);
         let e = *self.shards.of(k).lock().get(k)?;
-        if now >= e.until || cost != e.cost {
+        if now >= e.expires || cost != e.cost {
             return None;
         }
         let left = e.until.duration_since(now);
@@ -90,17 +99,19 @@ impl DenyCache {
             return;
         }
         let until = sent + Duration::from_micros(decision.retry_after_us);
+        let entry = Entry {
+            until,
+            expires: until.min(sent + MAX_HOLD),
+            cost,
+            decision,
+            sent,
+        };
         let k = self.shards.hashed(key);
         let mut shard = self.shards.of(k).lock();
         if let Some(e) = shard.get_mut(k) {
-            // Keep the entry that refuses the most requests.
-            if until > e.until || cost < e.cost {
-                *e = Entry {
-                    until,
-                    cost,
-                    decision,
-                    sent,
-                };
+            // Keep the live entry that refuses the most requests; an expired one is stale.
+            if sent >= e.expires || until > e.until || cost < e.cost {
+                *e = entry;
             }
             return;
         }
@@ -114,18 +125,12 @@ impl DenyCache {
                 *pruned = Some(now);
             }
             let before = shard.len();
-            shard.retain(|e| e.until > now);
+            shard.retain(|e| e.expires > now);
             self.len.fetch_sub(before - shard.len(), Ordering::Relaxed);
             if self.len.load(Ordering::Relaxed) >= MAX_ENTRIES {
                 return;
             }
         }
-        let entry = Entry {
-            until,
-            cost,
-            decision,
-            sent,
-        };
         shard.insert_new(k, entry);
         self.len.fetch_add(1, Ordering::Relaxed);
     }
@@ -152,7 +157,7 @@ impl DenyCache {
         for s in self.shards.iter() {
             let mut s = s.lock();
             let before = s.len();
-            s.retain(|e| e.until > now);
+            s.retain(|e| e.expires > now);
             self.len.fetch_sub(before - s.len(), Ordering::Relaxed);
         }
     }
@@ -219,6 +224,31 @@ mod tests {
             "the wait is over"
         );
         assert!(c.check("other", 2, t0).is_none());
+    }
+
+    #[test]
+    fn a_long_wait_is_held_a_second_then_asked_again_with_the_stores_retry() {
+        let c = DenyCache::default();
+        let t0 = Instant::now();
+        let month = 30 * 86_400 * 1_000_000;
+        c.refused("k", 1, limited(month), t0);
+        // Within the hold, the wait counted down from the store's.
+        let d = c.check("k", 1, t0 + Duration::from_millis(900)).unwrap();
+        assert_eq!(d.retry_after_us, month - 900_000);
+        // Past it, the store is asked (another gateway may have reset the key).
+        assert!(c.check("k", 1, t0 + MAX_HOLD).is_none());
+        // A later, shorter refusal replaces the stale entry (a reset and new use since).
+        let t1 = t0 + Duration::from_secs(2);
+        c.refused("k", 1, limited(5_000_000), t1);
+        let d = c.check("k", 1, t1 + Duration::from_millis(100)).unwrap();
+        assert_eq!(d.retry_after_us, 4_900_000);
+        // A live entry is not replaced by a shorter one.
+        c.refused("k", 1, limited(1_000_000), t1 + Duration::from_millis(200));
+        let d = c.check("k", 1, t1 + Duration::from_millis(300)).unwrap();
+        assert_eq!(d.retry_after_us, 4_700_000);
+        // Sweeping drops what the cache no longer answers, however long its wait.
+        c.sweep(t1 + MAX_HOLD);
+        assert!(c.is_empty());
     }
 
     #[test]
