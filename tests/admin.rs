@@ -388,8 +388,9 @@ async fn limit_lookups_validate_route_limit_and_key() {
         (
             "/admin/limits/by-ip/per-ip/extra?key=1.2.3.4",
             404,
-            "no such",
+            "route `by-ip` has no limit `per-ip/extra`",
         ),
+        ("/admin/limits/by-ip/a/b/c?key=1.2.3.4", 404, "no such"),
     ] {
         for method in [Method::GET, Method::DELETE] {
             let r = send(&c, method.clone(), &s.admin_url(path), &[], b"").await;

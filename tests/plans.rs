@@ -767,3 +767,80 @@ async fn by_consumer_keys_a_route_limit_by_the_keys_owner() {
     assert_eq!(r.status, 429);
     assert!(r.text().contains("b/per-consumer"), "{}", r.text());
 }
+
+/// `/admin/limits` reaches a plan's limits (`{route}/{plan}/{limit}`, or `plan%2Flimit`) by
+/// consumer name, and the anonymous plan's by `fallback_ip`; a `by: consumer` key is a
+/// consumer's name. A name no consumer of the plan has (an API key, another plan's consumer)
+/// is a 400, not a 200 about (or a 204 reset of) a counter nothing charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_reaches_plan_limits_and_consumer_keys() {
+    let up = Upstream::start();
+    let y = config(&up, MEMORY, "anonymous_plan: free\n").replace(
+        "    consumers: required\n  - name: open",
+        "    consumers: required\n    limits:\n      - { name: per-consumer, by: consumer, algorithm: sliding_log, rate: 2/1m }\n  - name: open",
+    );
+    let s = Sluice::start(&y);
+    let c = client();
+    let admin = |method: http::Method, path: &str| {
+        let url = s.admin_url(path);
+        let c = c.clone();
+        async move { send(&c, method, &url, &[], b"").await }
+    };
+    let peek = |path: &str| admin(http::Method::GET, path);
+    assert_eq!(status(&c, &s, "/b", &[("x-api-key", FREE_KEY)]).await, 200);
+    for path in [
+        "/admin/limits/b/free/per-minute?key=tinkerer",
+        "/admin/limits/b/free%2Fper-minute?key=tinkerer",
+        "/admin/limits/a/free/per-minute?key=tinkerer",
+    ] {
+        let r = peek(path).await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+        assert_eq!(r.json()["remaining"], 2, "{path}: {}", r.text());
+    }
+    let r = peek("/admin/limits/b/per-consumer?key=tinkerer").await;
+    assert_eq!(r.json()["remaining"], 1, "{}", r.text());
+    for (path, says) in [
+        (
+            "/admin/limits/b/free/per-minute?key=bigco",
+            "is on plan `pro`, not `free`",
+        ),
+        (
+            "/admin/limits/b/free/per-minute?key=nobody",
+            "no consumer `nobody`",
+        ),
+        (
+            "/admin/limits/b/per-consumer?key=nobody",
+            "no consumer `nobody`",
+        ),
+        (
+            &format!("/admin/limits/b/per-consumer?key={FREE_KEY}"),
+            "a consumer's name, not an API key",
+        ),
+        (
+            "/admin/limits/b/pro/per-minute?fallback_ip=127.0.0.1",
+            "not the anonymous plan's",
+        ),
+    ] {
+        for method in [http::Method::GET, http::Method::DELETE] {
+            let r = admin(method.clone(), path).await;
+            assert_eq!(r.status, 400, "{method} {path}: {}", r.text());
+            assert!(r.text().contains(says), "{method} {path}: {}", r.text());
+        }
+    }
+    // The anonymous plan is kept per client address: inspected and reset by `fallback_ip`.
+    let mut anon = Vec::new();
+    for _ in 0..4 {
+        anon.push(status(&c, &s, "/a", &[]).await);
+    }
+    assert_eq!(anon, [200, 200, 200, 429]);
+    let path = "/admin/limits/a/free/per-minute?fallback_ip=127.0.0.1";
+    let r = peek(path).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["remaining"], 0, "{}", r.text());
+    assert_eq!(admin(http::Method::DELETE, path).await.status, 204);
+    assert_eq!(status(&c, &s, "/a", &[]).await, 200, "reset");
+    // A consumer's plan limit reset by name.
+    let path = "/admin/limits/b/free/per-minute?key=tinkerer";
+    assert_eq!(admin(http::Method::DELETE, path).await.status, 204);
+    assert_eq!(peek(path).await.json()["remaining"], 3);
+}

@@ -6,12 +6,18 @@
 //! `|`); `by: route` takes no key. `fallback_ip=IP` instead names the key a request without
 //! the identity falls back to under `on_missing: ip`. The store key is derived exactly as
 //! the request path derives it.
+//!
+//! A plan's limit is `/admin/limits/{route}/{plan}/{limit}` (its name is `plan/limit`), keyed
+//! by the name of a consumer on that plan, or, for the anonymous plan, by `fallback_ip=IP`.
+//! A `by: consumer` part is a consumer's name. A name no consumer of the plan has is a 400:
+//! nothing is ever charged on it.
 
 use serde_json::json;
 
 use super::{json_reply, no_content, problem, Body};
 use crate::limiter::key::Material;
 use crate::limiter::store::StoreError;
+use crate::model::consumer::Consumers;
 use crate::model::identity::{field_value, trimmed, ClientIpRules};
 use crate::model::limit::{KeyPart, LimitRule};
 use crate::model::params::Params;
@@ -120,14 +126,19 @@ fn target(
         (Ok(k), Ok(f)) => (k, f),
         (Err(e), _) | (_, Err(e)) => return Err(problem(StatusCode::BAD_REQUEST, &e)),
     };
+    let consumers = &table.consumers;
     let material = match (key, fallback) {
         (Some(_), Some(_)) => Err("give `key` or `fallback_ip`, not both".to_string()),
-        (None, Some(ip)) => fallback_material(rule, &ip, &table.client_ip),
+        (None, Some(ip)) => match rule.plan {
+            Some(p) => anonymous_material(rule, p, &ip, consumers, &table.client_ip),
+            None => fallback_material(rule, &ip, &table.client_ip),
+        },
         (key, None) => material(
             rule,
             key.as_deref(),
             &table.client_ip,
             table.identities.jwt.is_some(),
+            consumers,
         ),
     }
     .map_err(|msg| problem(StatusCode::BAD_REQUEST, &msg))?;
@@ -160,6 +171,7 @@ fn material(
     key: Option<&str>,
     ips: &ClientIpRules,
     jwt_users: bool,
+    consumers: &Consumers,
 ) -> Result<Material, String> {
     if rule.by == [KeyPart::Route] {
         return match key {
@@ -192,6 +204,7 @@ fn material(
             || (*part == KeyPart::User && !jwt_users);
         let value = match part {
             KeyPart::Ip => ip_key(value, ips)?,
+            KeyPart::Consumer => consumer(rule, value, consumers)?,
             _ if field => match field_value(value) {
                 Some(v) => v.to_string(),
                 None if trimmed(value).is_none() => String::new(),
@@ -210,6 +223,39 @@ fn material(
         values.push(value);
     }
     Ok(Material::of(values.iter().map(String::as_str)))
+}
+
+/// A `by: consumer` part: the name of a consumer (of the limit's plan, for a plan's limit).
+fn consumer(rule: &LimitRule, name: &str, consumers: &Consumers) -> Result<String, String> {
+    let Some(c) = consumers.by_name(name).map(|i| &consumers.list[i]) else {
+        return Err(format!(
+            "no consumer `{name}`: a `by: consumer` key is a consumer's name, not an API key"
+        ));
+    };
+    match rule.plan {
+        Some(p) if c.plan != p => Err(format!(
+            "consumer `{name}` is on plan `{}`, not `{}`",
+            consumers.plans[c.plan].name, consumers.plans[p].name
+        )),
+        _ => Ok(name.to_owned()),
+    }
+}
+
+/// The material of plan `p`'s limit for an anonymous client at `ip` (see `admit::limit_call`).
+fn anonymous_material(
+    rule: &LimitRule,
+    p: usize,
+    ip: &str,
+    consumers: &Consumers,
+    ips: &ClientIpRules,
+) -> Result<Material, String> {
+    if consumers.anonymous != Some(p) {
+        return Err(format!(
+            "limit `{}` is not the anonymous plan's: `fallback_ip` names no key of it; give `key=CONSUMER`",
+            rule.name
+        ));
+    }
+    Ok(Material::anonymous(&ip_key(ip, ips)?))
 }
 
 /// The material of the `on_missing: ip` fallback (see `limit::identity_material`).
@@ -320,7 +366,7 @@ routes:
                 let want = identity_material(r, &who).unwrap().unwrap();
                 // A composite key's `|` separates parts, so only the last part may hold one.
                 if limit == "combo" {
-                    assert!(material(r, Some(&key), &t.client_ip, false).is_err());
+                    assert!(material(r, Some(&key), &t.client_ip, false, &t.consumers).is_err());
                     let mut h2 = h.clone();
                     h2.insert("x-user-id", HeaderValue::from_static("al|ice"));
                     h2.insert("x-api-key", HeaderValue::from_static("k1"));
@@ -337,7 +383,8 @@ routes:
                             r,
                             Some(&format!("k1|{admin_ip}|acme|al|ice")),
                             &t.client_ip,
-                            false
+                            false,
+                            &t.consumers
                         )
                         .unwrap(),
                         identity_material(r, &who2).unwrap().unwrap()
@@ -345,14 +392,14 @@ routes:
                     continue;
                 }
                 assert_eq!(
-                    material(r, Some(&key), &t.client_ip, false).unwrap(),
+                    material(r, Some(&key), &t.client_ip, false, &t.consumers).unwrap(),
                     want,
                     "{limit} {peer}"
                 );
             }
             let whole = rule(&t, "whole");
             assert_eq!(
-                material(whole, None, &t.client_ip, false).unwrap(),
+                material(whole, None, &t.client_ip, false, &t.consumers).unwrap(),
                 identity_material(whole, &who).unwrap().unwrap()
             );
         }
@@ -383,19 +430,34 @@ routes:
     fn bad_keys_are_explained() {
         let t = table();
         let ips = &t.client_ip;
-        assert!(material(rule(&t, "by-ip"), None, ips, false)
+        assert!(material(rule(&t, "by-ip"), None, ips, false, &t.consumers)
             .unwrap_err()
             .contains("required"));
-        assert!(material(rule(&t, "by-ip"), Some("nope"), ips, false)
-            .unwrap_err()
-            .contains("not an IP"));
-        assert!(material(rule(&t, "combo"), Some("k1|1.2.3.4"), ips, false)
-            .unwrap_err()
-            .contains("4 parts"));
-        assert!(material(rule(&t, "combo"), Some("k1||acme|bob"), ips, false).is_err());
-        assert!(material(rule(&t, "whole"), Some("x"), ips, false).is_err());
+        assert!(
+            material(rule(&t, "by-ip"), Some("nope"), ips, false, &t.consumers)
+                .unwrap_err()
+                .contains("not an IP")
+        );
+        assert!(material(
+            rule(&t, "combo"),
+            Some("k1|1.2.3.4"),
+            ips,
+            false,
+            &t.consumers
+        )
+        .unwrap_err()
+        .contains("4 parts"));
+        assert!(material(
+            rule(&t, "combo"),
+            Some("k1||acme|bob"),
+            ips,
+            false,
+            &t.consumers
+        )
+        .is_err());
+        assert!(material(rule(&t, "whole"), Some("x"), ips, false, &t.consumers).is_err());
         assert_eq!(
-            material(rule(&t, "whole"), Some(""), ips, false).unwrap(),
+            material(rule(&t, "whole"), Some(""), ips, false, &t.consumers).unwrap(),
             Material::of([""])
         );
     }
@@ -408,23 +470,26 @@ routes:
         let ips = &t.client_ip;
         for limit in ["by-key", "by-header", "by-user"] {
             let r = rule(&t, limit);
-            let k1 = material(r, Some("k1"), ips, false).unwrap();
-            assert_eq!(material(r, Some(" k1\t"), ips, false).unwrap(), k1);
+            let k1 = material(r, Some("k1"), ips, false, &t.consumers).unwrap();
             assert_eq!(
-                material(r, Some("a b"), ips, false).unwrap(),
+                material(r, Some(" k1\t"), ips, false, &t.consumers).unwrap(),
+                k1
+            );
+            assert_eq!(
+                material(r, Some("a b"), ips, false, &t.consumers).unwrap(),
                 Material::of(["a b"])
             );
-            let e = material(r, Some("k\u{e9}y"), ips, false).unwrap_err();
+            let e = material(r, Some("k\u{e9}y"), ips, false, &t.consumers).unwrap_err();
             assert!(e.contains("not visible ASCII"), "{e}");
-            assert!(material(r, Some("k\u{1}"), ips, false).is_err());
-            assert!(material(r, Some("  "), ips, false)
+            assert!(material(r, Some("k\u{1}"), ips, false, &t.consumers).is_err());
+            assert!(material(r, Some("  "), ips, false, &t.consumers)
                 .unwrap_err()
                 .contains("empty"));
         }
         // A user from a JWT is taken as its claim is: Unicode, untrimmed.
         let r = rule(&t, "by-user");
         assert_eq!(
-            material(r, Some("\u{e9}lise "), ips, true).unwrap(),
+            material(r, Some("\u{e9}lise "), ips, true, &t.consumers).unwrap(),
             Material::of(["\u{e9}lise "])
         );
     }

@@ -24,7 +24,7 @@ use sha2::{Digest, Sha256};
 use crate::config::compile::admin_token;
 use crate::pipeline::body::{empty, full, Body};
 use crate::pipeline::headers::request_id::{self, X_REQUEST_ID};
-use crate::pipeline::identify::bearer_token;
+use crate::pipeline::identify::{bearer_token, percent_decode};
 use crate::pipeline::Gateway;
 use crate::runtime::reload::{reload, Trigger};
 use crate::runtime::Runtime;
@@ -122,11 +122,18 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
             Method::DELETE => consumers::reset(&gw, name).await,
             _ => method_not_allowed("GET, HEAD, DELETE"),
         },
-        ["limits", route, limit] => {
+        // A plan's limit is named `plan/limit`: two segments, or one with `%2F`.
+        ["limits", route, limit @ ..] if matches!(limit.len(), 1 | 2) => {
+            let route = percent_decode(route);
+            let limit = limit
+                .iter()
+                .map(|s| percent_decode(s))
+                .collect::<Vec<_>>()
+                .join("/");
             let query = req.uri().query();
             match method {
-                Method::GET | Method::HEAD => limits::peek(&gw, route, limit, query).await,
-                Method::DELETE => limits::reset(&gw, route, limit, query).await,
+                Method::GET | Method::HEAD => limits::peek(&gw, &route, &limit, query).await,
+                Method::DELETE => limits::reset(&gw, &route, &limit, query).await,
                 _ => method_not_allowed("GET, HEAD, DELETE"),
             }
         }
