@@ -1257,6 +1257,53 @@ async fn cluster_gateway_limits_exactly() {
     );
 }
 
+/// A graceful failover (`CLUSTER FAILOVER`) keeps the old primary up, as a replica: batched
+/// calls routed by the gateway's stale slot map reach it and are refused `READONLY` before
+/// anything is charged. The gateway reads the map again and sends them once more, so limiting
+/// goes on at once, exactly, on the new primary (it failed every request on that shard until
+/// something else refreshed the map, minutes in the audit).
+#[tokio::test]
+async fn cluster_a_graceful_failover_is_followed_at_once() {
+    let mut cluster = RedisCluster::start();
+    let up = Upstream::start();
+    let yaml = config(
+        &cluster.store_map("timeout: 500ms, pool_size: 2"),
+        "deny",
+        &up,
+        &[route(
+            "r",
+            "",
+            &["{ name: per-ip, by: ip, algorithm: fixed_window, rate: 10/1h }"],
+        )],
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    assert_eq!(statuses(&c, &s, "/r", "10.4.0.1", 3).await, [200; 3]);
+    let mut keys = Vec::new();
+    cluster.for_each_node(|conn| {
+        keys.extend(
+            conn.cmd_ok(&["KEYS", "*"])
+                .as_array()
+                .iter()
+                .map(|k| k.as_str()),
+        );
+    });
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let primary = cluster.port_for_slot(key_slot(keys[0].as_bytes()));
+    let replica = cluster.add_replica(primary);
+    cluster.fail_over_to(replica);
+    assert_ne!(cluster.port_for_slot(key_slot(keys[0].as_bytes())), primary);
+    let mut want = vec![200; 7];
+    want.push(429);
+    assert_eq!(
+        statuses(&c, &s, "/r", "10.4.0.1", 8).await,
+        want,
+        "{}",
+        log_of(&s)
+    );
+}
+
 /// On a cluster, a request whose limits live on two slots is decided in two rounds (a dry
 /// run, then the charges). One refused in the charge round (another request took the last
 /// unit in between) holds no concurrency slot afterwards: the slot that round took is freed at

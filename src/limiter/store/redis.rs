@@ -297,6 +297,16 @@ const CLIENT_SIDE_FAILURES: [&str; 4] = [
 
 /// What Redis Cluster answers a script touching a key of another node's slot.
 const NOT_THIS_NODE: &str = "non local key";
+/// What a replica answers a script that writes: after a failover (a graceful `CLUSTER
+/// FAILOVER` keeps the old primary up, as a replica), calls routed by a stale slot map reach
+/// it. Batched calls declare no keys, so Redis cannot redirect them with `MOVED`.
+const DEMOTED: &str = "READONLY";
+
+/// Whether a Cluster node refused a call before running any of it because the slot map the
+/// call was routed by is stale: read the map again and send it once more.
+fn stale_route(answer: &Result<Vec<Decision>, StoreError>) -> bool {
+    matches!(answer, Err(StoreError::Script(e)) if e.contains(NOT_THIS_NODE) || e.contains(DEMOTED))
+}
 
 /// The slot all of `calls`' keys hash to, if they share one.
 fn one_slot(calls: &[LimitCall]) -> Option<u16> {
@@ -756,9 +766,10 @@ impl RedisStore {
 
     /// Redis Cluster: the requests grouped by the node serving their slot (one client's slot
     /// map, and fred routes that client's calls by the same map), one call per node, all in
-    /// flight at once. A request whose key its node does not serve (the slot moved) was not
-    /// charged: the map is read again and such requests are sent once more, grouped the same
-    /// way; a second refusal is their answer.
+    /// flight at once. A request whose key its node does not serve (the slot moved), or that
+    /// reached a replica (its node was demoted by a failover), was not charged: the map is
+    /// read again and such requests are sent once more, grouped the same way; a second
+    /// refusal is their answer.
     async fn eval_per_node(
         &self,
         lane: &Lane,
@@ -768,9 +779,7 @@ impl RedisStore {
         let all: Vec<&Job> = jobs.iter().collect();
         let mut answers = self.eval_grouped(&client, &all).await;
         let moved: Vec<usize> = (0..jobs.len())
-            .filter(
-                |&i| matches!(&answers[i], Err(StoreError::Script(e)) if e.contains(NOT_THIS_NODE)),
-            )
+            .filter(|&i| stale_route(&answers[i]))
             .collect();
         if !moved.is_empty() {
             let _ = client.sync_cluster().await;

@@ -42,7 +42,8 @@ pub fn key_slot(key: &[u8]) -> u16 {
     crc16(hashed) % 16384
 }
 
-/// Three cluster primaries (no replicas) owning all 16384 slots. Killed on drop.
+/// Three cluster primaries owning all 16384 slots (replicas added on demand). Killed on
+/// drop.
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
 }
@@ -51,28 +52,7 @@ impl RedisCluster {
     /// Start three nodes, assign slot ranges, introduce them with CLUSTER MEET, then wait
     /// until every node says `cluster_state:ok` and maps all slots.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> = (0..3)
-            .map(|_| {
-                RedisServer::launch(|dir| {
-                    let conf = dir.join("nodes.conf");
-                    // An explicit bus port: the default (port + 10000) overflows for
-                    // ephemeral ports above 55535.
-                    [
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        &conf.to_string_lossy(),
-                        "--cluster-node-timeout",
-                        "2000",
-                        "--cluster-port",
-                        &free_port().to_string(),
-                    ]
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect()
-                })
-            })
-            .collect();
+        let nodes: Vec<RedisServer> = (0..3).map(|_| cluster_node()).collect();
         let cluster = RedisCluster { nodes };
         // Done by hand rather than `redis-cli --cluster create`: deterministic, and no
         // dependence on redis-cli knowing about custom bus ports.
@@ -89,15 +69,47 @@ impl RedisCluster {
         }
         let mut first = cluster.nodes[0].conn();
         for node in &cluster.nodes[1..] {
-            let bus = node
-                .conn()
-                .cmd_ok(&["CONFIG", "GET", "cluster-port"])
-                .as_array()[1]
-                .as_str();
-            first.cmd_ok(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
+            meet(&mut first, node);
         }
         cluster.wait_converged();
         cluster
+    }
+
+    /// Add a replica of the primary on `primary_port`, and wait until it is in sync. Its
+    /// index in `nodes`.
+    pub fn add_replica(&mut self, primary_port: u16) -> usize {
+        let replica = cluster_node();
+        let mut primary = Conn::connect(primary_port);
+        let id = primary.cmd_ok(&["CLUSTER", "MYID"]).as_str();
+        meet(&mut primary, &replica);
+        let mut r = replica.conn();
+        wait_for(&format!("node {} to learn of {id}", replica.port), || {
+            r.cmd_ok(&["CLUSTER", "NODES"]).as_str().contains(&id)
+        });
+        r.cmd_ok(&["CLUSTER", "REPLICATE", &id]);
+        wait_for(&format!("replica {} in sync", replica.port), || {
+            let info = r.cmd_ok(&["INFO", "replication"]).as_str();
+            info_field(&info, "master_link_status").as_deref() == Some("up")
+        });
+        self.nodes.push(replica);
+        self.wait_converged();
+        self.nodes.len() - 1
+    }
+
+    /// `CLUSTER FAILOVER` on replica `nodes[i]`: it takes its primary's slots while the old
+    /// primary stays up, as its replica. Waits until every node maps the slots to it.
+    pub fn fail_over_to(&self, i: usize) {
+        let port = self.nodes[i].port;
+        self.nodes[i].conn().cmd_ok(&["CLUSTER", "FAILOVER"]);
+        wait_for(&format!("node {port} to serve slots on every node"), || {
+            self.nodes.iter().all(|n| {
+                Conn::try_connect(n.port)
+                    .ok()
+                    .and_then(|mut c| c.try_cmd(&["CLUSTER", "SLOTS"]).ok())
+                    .is_some_and(|r| slot_map(&r).iter().any(|&(_, _, p)| p == port))
+            })
+        });
+        self.wait_converged();
     }
 
     fn wait_converged(&self) {
@@ -199,6 +211,50 @@ impl RedisCluster {
                 f(&mut c);
             }
         }
+    }
+}
+
+/// A cluster-enabled `redis-server`, in no cluster yet.
+fn cluster_node() -> RedisServer {
+    RedisServer::launch(|dir| {
+        let conf = dir.join("nodes.conf");
+        // An explicit bus port: the default (port + 10000) overflows for ephemeral ports
+        // above 55535.
+        [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            &conf.to_string_lossy(),
+            "--cluster-node-timeout",
+            "2000",
+            "--cluster-port",
+            &free_port().to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    })
+}
+
+/// Introduce `node` to the cluster `via` belongs to.
+fn meet(via: &mut Conn, node: &RedisServer) {
+    let bus = node
+        .conn()
+        .cmd_ok(&["CONFIG", "GET", "cluster-port"])
+        .as_array()[1]
+        .as_str();
+    via.cmd_ok(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
+}
+
+/// Poll `ready` every 100 ms; panic naming `what` after [`CLUSTER_TIMEOUT`].
+fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + CLUSTER_TIMEOUT;
+    while !ready() {
+        assert!(
+            Instant::now() < deadline,
+            "waited {CLUSTER_TIMEOUT:?} for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
     }
 }
 
