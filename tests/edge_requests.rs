@@ -789,3 +789,47 @@ fn a_slow_http2_answer_is_not_idle() {
         .expect("curl (apt-get install -y curl)");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200 2", "{out:?}");
 }
+
+/// A client that stops sending its body holds the upstream connection waiting for it: when the
+/// upstream `timeout` passes, that is the client's doing. It is answered 408 with the
+/// connection closed (as nginx's `client_body_timeout` answers), counted `rejected_request`,
+/// neither logged nor counted as an upstream failure, and a limit charging 5xx answers is not
+/// charged. It was a 504 "upstream timed out", charged as one.
+#[test]
+fn a_body_that_stops_arriving_is_408_not_an_upstream_504() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:
+  up: {{ targets: [{}], timeout: 1s }}
+routes:
+  - name: r
+    match: {{ path_prefix: / }}
+    upstream: up
+    limits: [ {{ name: fails, by: ip, algorithm: fixed_window, rate: 100/1h, count_when: {{ status: [5xx] }} }} ]
+",
+        up.url()
+    ));
+    let body = "x".repeat(100);
+    let ex = send(
+        &s,
+        &format!("POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 1000\r\n\r\n{body}"),
+    );
+    assert_eq!(status(&ex), 408, "{}", ex.text());
+    let res = ex.one();
+    assert_eq!(res.header("connection"), Some("close"), "{}", ex.text());
+    assert!(ex.closed, "the rest of the body would be read as a request");
+    assert_eq!(res.json()["status"], 408);
+    assert_eq!(requests_total(&s, "r", "rejected_request"), 1.0);
+    assert_eq!(requests_total(&s, "r", "upstream_error"), 0.0);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let peek = rt
+        .block_on(get(
+            &client(),
+            &s.admin_url("/admin/limits/r/fails?key=127.0.0.1"),
+            &[],
+        ))
+        .json();
+    assert_eq!(peek["remaining"], 100, "charged as a 5xx: {peek}");
+    let log = s.wait_log(&["\"status\":408"]);
+    assert!(!log.contains("upstream failed"), "{log}");
+}

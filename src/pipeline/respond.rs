@@ -74,6 +74,9 @@ impl GatewayError {
             GatewayError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::Upstream(ForwardError::Timeout(_)) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::Upstream(ForwardError::ClientBody(_)) => StatusCode::BAD_REQUEST,
+            GatewayError::Upstream(ForwardError::ClientBodyTimeout(_)) => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             GatewayError::Upstream(_) => StatusCode::BAD_GATEWAY,
             GatewayError::BadRequest(_) | GatewayError::Unframeable(_) => StatusCode::BAD_REQUEST,
             GatewayError::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -92,6 +95,7 @@ impl GatewayError {
             GatewayError::Limited { .. } => Outcome::Limited,
             GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
             GatewayError::Upstream(ForwardError::ClientBody(_))
+            | GatewayError::Upstream(ForwardError::ClientBodyTimeout(_))
             | GatewayError::BadRequest(_)
             | GatewayError::Unframeable(_)
             | GatewayError::HeadTooLarge
@@ -152,7 +156,10 @@ impl GatewayError {
                 ratelimit::set_retry_after(res.headers_mut(), *retry_after);
                 res
             }
-            GatewayError::Unframeable(_) | GatewayError::Upstream(ForwardError::ClientBody(_)) => {
+            GatewayError::Unframeable(_)
+            | GatewayError::Upstream(
+                ForwardError::ClientBody(_) | ForwardError::ClientBodyTimeout(_),
+            ) => {
                 let mut res = render(status, &self.problem());
                 let close = HeaderValue::from_static("close");
                 res.headers_mut().insert(CONNECTION, close);

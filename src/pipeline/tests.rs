@@ -334,6 +334,10 @@ fn every_gateway_answer_is_rendered_in_one_shape() {
             Outcome::RejectedRequest,
         ),
         (
+            GatewayError::Upstream(ForwardError::ClientBodyTimeout(Duration::from_secs(1))),
+            Outcome::RejectedRequest,
+        ),
+        (
             GatewayError::MethodNotAllowed(http::Method::CONNECT),
             Outcome::RejectedRequest,
         ),

@@ -47,6 +47,11 @@ pub enum ForwardError {
     /// the upstream answered: 400, and the client's connection is closed.
     #[error("the request body could not be read: {0}")]
     ClientBody(String),
+    /// `timeout` passed while the upstream connection was waiting for the client's body (a
+    /// client uploading slowly, or not at all): 408, as nginx's `client_body_timeout`
+    /// answers, and the client's connection is closed. Not the upstream's failure.
+    #[error("the request body did not arrive within {0:?}")]
+    ClientBodyTimeout(Duration),
 }
 
 struct Target {
@@ -159,6 +164,7 @@ impl Upstream {
                 body: Mutex::new(Some(body)),
                 failed: AtomicBool::new(false),
                 ended: AtomicBool::new(false),
+                starved: AtomicBool::new(false),
             })
         });
         // A GET or HEAD body of unknown length (chunked, or HTTP/2 DATA without a length):
@@ -205,6 +211,9 @@ impl Upstream {
             }
             let sent = self.pool.send(i, req, now);
             let err = match tokio::time::timeout_at(deadline, sent).await {
+                Err(_) if slot.as_ref().is_some_and(|s| s.awaits_client()) => {
+                    return Err(ForwardError::ClientBodyTimeout(self.spec.timeout))
+                }
                 Err(_) => {
                     return Err(ForwardError::Timeout(format!(
                         "no response head from {} within {:?}",
@@ -306,6 +315,17 @@ struct Slot {
     failed: AtomicBool,
     /// The whole body was handed to the upstream connection (see [`pool::Streamed`]).
     ended: AtomicBool,
+    /// The upstream connection asked for more of the body and the client has not sent it
+    /// yet (false while the connection is not asking: the upstream is not reading).
+    starved: AtomicBool,
+}
+
+impl Slot {
+    /// Whether the request is held up by its client: the upstream connection is waiting for
+    /// body the client has not sent.
+    fn awaits_client(&self) -> bool {
+        !self.ended.load(Ordering::Acquire) && self.starved.load(Ordering::Acquire)
+    }
 }
 
 /// The client's request body, shared so that a connection refused before the body was read
@@ -343,6 +363,7 @@ impl HttpBody for ReplayBody {
             Some(b) => Pin::new(b).poll_frame(cx),
             None => Poll::Ready(None),
         };
+        slot.starved.store(polled.is_pending(), Ordering::Release);
         match &polled {
             Poll::Ready(Some(Err(_))) => slot.failed.store(true, Ordering::Release),
             Poll::Ready(None) => slot.ended.store(true, Ordering::Release),
