@@ -833,3 +833,26 @@ routes:
     let log = s.wait_log(&["\"status\":408"]);
     assert!(!log.contains("upstream failed"), "{log}");
 }
+
+/// RFC 9110 §8.6: a 204 carries no Content-Length. An upstream's is dropped, so an HTTP/2
+/// client is not promised DATA that never comes (curl reset the stream: PROTOCOL_ERROR), as
+/// an HTTP/1.1 client was already spared.
+#[test]
+fn a_204_goes_out_without_its_content_length() {
+    let addr = raw_upstream("HTTP/1.1 204 No Content\r\nContent-Length: 5\r\nX-Up: yes\r\n\r\n");
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [\"http://{addr}\"] }}\nroutes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: up\n"
+    ));
+    for proto in ["--http2-prior-knowledge", "--http1.1"] {
+        let out = std::process::Command::new("curl")
+            .args(["-sS", "-D", "-", "-o", "/dev/null", proto])
+            .arg(s.url("/nothing"))
+            .output()
+            .expect("curl (apt-get install -y curl)");
+        let head = String::from_utf8_lossy(&out.stdout).to_ascii_lowercase();
+        assert!(out.status.success(), "{proto}: {out:?}");
+        assert!(head.contains(" 204"), "{proto}: {head}");
+        assert!(head.contains("x-up: yes"), "{proto}: {head}");
+        assert!(!head.contains("content-length"), "{proto}: {head}");
+    }
+}

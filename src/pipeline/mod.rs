@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use http::header::HOST;
+use http::header::{CONTENT_LENGTH, HOST};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -491,6 +491,11 @@ impl Gateway {
             (false, _) => {
                 answer_framing(res.headers()).map_err(ForwardError::BadAnswer)?;
                 content_length::one(res.headers_mut()).map_err(ForwardError::BadAnswer)?;
+                // RFC 9110 §8.6: a 204 MUST NOT carry Content-Length. hyper's HTTP/1 server
+                // drops it; an HTTP/2 client takes it for DATA to come and resets the stream.
+                if res.status() == StatusCode::NO_CONTENT {
+                    res.headers_mut().remove(CONTENT_LENGTH);
+                }
             }
         }
         hop_by_hop::strip(res.headers_mut(), switching);
