@@ -191,6 +191,7 @@ async fn api_key_user_header_route_and_composite_keys() {
     let r = get(&client(), &s.url("/"), &[]).await;
     assert_eq!(r.status, 401, "on_missing: reject");
     assert_eq!(r.json()["status"], 401);
+    assert_eq!(r.header("www-authenticate"), Some("Key realm=\"sluice\""));
 
     let s = Sluice::start(&cfg(
         &up,

@@ -290,9 +290,12 @@ async fn unknown_and_missing_keys_on_required_and_optional_routes() {
         "{}",
         r.text()
     );
+    // RFC 9110 §15.5.2: every 401 carries a challenge.
+    assert_eq!(r.header("www-authenticate"), Some("Key realm=\"sluice\""));
     let r = get(&c, &s.url("/a"), &[("x-api-key", "nobody's key")]).await;
     assert_eq!(r.status, 401);
     assert!(r.text().contains("belongs to no consumer"), "{}", r.text());
+    assert_eq!(r.header("www-authenticate"), Some("Key realm=\"sluice\""));
     // optional: only the route's own limit (2 per IP).
     let ip = ("x-forwarded-for", "203.0.113.4");
     let got = [

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE};
+use http::header::{HeaderValue, CONNECTION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use http::{Response, StatusCode};
 
 use crate::limiter::store::StoreError;
@@ -172,6 +172,14 @@ impl GatewayError {
                 let allow =
                     HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS");
                 res.headers_mut().insert(http::header::ALLOW, allow);
+                res
+            }
+            // RFC 9110 §15.5.2: a 401 MUST carry a challenge. The credential is an API key
+            // (or another identity) in a field, not a registered scheme: Kong's `Key` form.
+            GatewayError::MissingIdentity { .. } | GatewayError::UnknownConsumer { .. } => {
+                let mut res = render(status, &self.problem());
+                let challenge = HeaderValue::from_static("Key realm=\"sluice\"");
+                res.headers_mut().insert(WWW_AUTHENTICATE, challenge);
                 res
             }
             _ => render(status, &self.problem()),
