@@ -1188,28 +1188,35 @@ async fn startup_with_redis_down_serves_per_policy() {
     assert!(stdout.contains("store: reachable"), "{stdout}");
 }
 
+/// A gateway on `cluster` (`on_error: deny`, timeout 500 ms, two connections) with one route
+/// `r` of `limits`, its store connected.
+async fn cluster_gateway(
+    cluster: &RedisCluster,
+    up: &Upstream,
+    limits: &[&str],
+) -> (Sluice, HttpClient) {
+    let store = cluster.store_map("timeout: 500ms, pool_size: 2");
+    let s = Sluice::start(&config(&store, "deny", up, &[route("r", "", limits)]));
+    let c = client();
+    wait_store(&c, &s).await;
+    (s, c)
+}
+
 /// Trap 10: on a three-primary cluster, a route with limits on two identities (so two slots)
 /// admits exactly 3 per client IP, and refused requests charge the per-route limit nothing.
 #[tokio::test]
 async fn cluster_gateway_limits_exactly() {
     let cluster = RedisCluster::start();
     let up = Upstream::start();
-    let yaml = config(
-        &cluster.store_map("timeout: 500ms, pool_size: 2"),
-        "deny",
+    let (s, c) = cluster_gateway(
+        &cluster,
         &up,
-        &[route(
-            "r",
-            "",
-            &[
-                "{ name: per-ip, by: ip, algorithm: gcra, rate: 3/1h }",
-                "{ name: per-route, by: route, algorithm: sliding_log, rate: 100/1h }",
-            ],
-        )],
-    );
-    let s = Sluice::start(&yaml);
-    let c = client();
-    wait_store(&c, &s).await;
+        &[
+            "{ name: per-ip, by: ip, algorithm: gcra, rate: 3/1h }",
+            "{ name: per-route, by: route, algorithm: sliding_log, rate: 100/1h }",
+        ],
+    )
+    .await;
 
     assert_eq!(
         statuses(&c, &s, "/r", "10.3.0.1", 5).await,
@@ -1240,12 +1247,7 @@ async fn cluster_gateway_limits_exactly() {
     );
 
     // The two limits really live on different slots.
-    let mut keys = Vec::new();
-    cluster.for_each_node(|conn| {
-        for k in conn.cmd_ok(&["KEYS", "*"]).as_array() {
-            keys.push(k.as_str());
-        }
-    });
+    let keys = cluster.keys();
     let route_key: Vec<&String> = keys.iter().filter(|k| k.contains(":per-route:")).collect();
     let ip_keys: Vec<&String> = keys.iter().filter(|k| k.contains(":per-ip:")).collect();
     assert_eq!(route_key.len(), 1, "{keys:?}");
@@ -1266,29 +1268,10 @@ async fn cluster_gateway_limits_exactly() {
 async fn cluster_a_graceful_failover_is_followed_at_once() {
     let mut cluster = RedisCluster::start();
     let up = Upstream::start();
-    let yaml = config(
-        &cluster.store_map("timeout: 500ms, pool_size: 2"),
-        "deny",
-        &up,
-        &[route(
-            "r",
-            "",
-            &["{ name: per-ip, by: ip, algorithm: fixed_window, rate: 10/1h }"],
-        )],
-    );
-    let s = Sluice::start(&yaml);
-    let c = client();
-    wait_store(&c, &s).await;
+    let limit = "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 10/1h }";
+    let (s, c) = cluster_gateway(&cluster, &up, &[limit]).await;
     assert_eq!(statuses(&c, &s, "/r", "10.4.0.1", 3).await, [200; 3]);
-    let mut keys = Vec::new();
-    cluster.for_each_node(|conn| {
-        keys.extend(
-            conn.cmd_ok(&["KEYS", "*"])
-                .as_array()
-                .iter()
-                .map(|k| k.as_str()),
-        );
-    });
+    let keys = cluster.keys();
     assert_eq!(keys.len(), 1, "{keys:?}");
     let primary = cluster.port_for_slot(key_slot(keys[0].as_bytes()));
     let replica = cluster.add_replica(primary);

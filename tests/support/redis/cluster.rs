@@ -204,6 +204,20 @@ impl RedisCluster {
         Conn::connect(self.port_for_slot(key_slot(key.as_bytes())))
     }
 
+    /// Every key on every running node (`KEYS *`).
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys = Vec::new();
+        self.for_each_node(|conn| {
+            keys.extend(
+                conn.cmd_ok(&["KEYS", "*"])
+                    .as_array()
+                    .iter()
+                    .map(|k| k.as_str()),
+            );
+        });
+        keys
+    }
+
     /// Run `f` on a fresh connection to each running node, in order.
     pub fn for_each_node(&self, mut f: impl FnMut(&mut Conn)) {
         for node in &self.nodes {
