@@ -707,6 +707,40 @@ fn check_lists_plans_and_refuses_bad_consumers_at_their_positions() {
     );
     let (ok, _, err) = check_config(dir.path(), &quoted);
     assert!(ok, "{err}");
+    // With API keys (or users) read from nowhere, a `consumers:` route could only answer 401
+    // (or never find a consumer), and a limit by them never apply as written.
+    let keyless = good
+        .replace(
+            "  api_key: { header: X-API-Key }",
+            "  api_key: {}\n  user: {}",
+        )
+        .replacen(
+            "{ name: per-ip, by: ip, algorithm: sliding_log, rate: 100/1m }",
+            "{ name: per-ip, by: user, algorithm: sliding_log, rate: 100/1m }",
+            1,
+        );
+    let (ok, _, err) = check_config(dir.path(), &keyless);
+    assert!(!ok, "{keyless}");
+    for (needle, nth, message) in [
+        (
+            "consumers: required",
+            0,
+            "consumers are found by API key, and `identities.api_key` reads it from nowhere",
+        ),
+        ("consumers: optional", 0, "consumers are found by API key"),
+        (
+            "by: user",
+            0,
+            "`by: user` never finds one: `identities.user` reads it from nowhere",
+        ),
+    ] {
+        let want = format!("{file}:{}:", line_of(&keyless, needle, nth));
+        assert!(
+            err.lines()
+                .any(|l| l.starts_with(&want) && l.contains(message)),
+            "{message} at {want}:\n{err}"
+        );
+    }
     // A route limit keyed by consumer needs `consumers:` on its route.
     let keyed = good.replace(
         "    consumers: optional\n    limits:\n      - { name: per-ip, by: ip,",

@@ -312,6 +312,22 @@ pub fn compile(
                     "`by: consumer` needs `consumers: required` or `optional` on the route",
                 );
             }
+            // `identities.api_key: {}` (or `user: {}`) reads that identity from nowhere: such
+            // a limit would only ever fall back, skip or refuse, whatever requests carry.
+            for (part, name) in [(KeyPart::ApiKey, "api_key"), (KeyPart::User, "user")] {
+                if rule.by.contains(&part) && disabled(&file.identities, &part) {
+                    c.err(
+                        &format!("{base}.limits[{j}].by"),
+                        format!("`by: {name}` never finds one: `identities.{name}` reads it from nowhere (it has no `header`{})", if name == "user" { ", no `jwt`" } else { ", no `query`" }),
+                    );
+                }
+            }
+        }
+        if r.consumers.is_some() && disabled(&file.identities, &KeyPart::ApiKey) {
+            c.err(
+                &format!("{base}.consumers"),
+                "consumers are found by API key, and `identities.api_key` reads it from nowhere (it has no `header`, no `query`)",
+            );
         }
         if r.consumers.is_some() {
             if plans.is_empty() {
@@ -537,6 +553,16 @@ fn client_ip_rules(c: &mut Ctx<'_>, s: &file::ClientIp) -> ClientIpRules {
     ClientIpRules {
         trusted,
         ipv6_prefix: s.ipv6_prefix.min(128),
+    }
+}
+
+/// Whether `identities` reads `part` (an API key or a user) from nowhere: `api_key: {}` or
+/// `user: {}` switch them off.
+fn disabled(s: &file::Identities, part: &KeyPart) -> bool {
+    match part {
+        KeyPart::ApiKey => s.api_key.header.is_none() && s.api_key.query.is_none(),
+        KeyPart::User => s.user.header.is_none() && s.user.jwt.is_none(),
+        _ => false,
     }
 }
 
