@@ -462,6 +462,21 @@ async fn a_consumers_file_reloads_by_itself_and_a_bad_one_keeps_the_old_list() {
     // instances serving different consumer lists show different versions.
     let v1 = served_version(&c, &s).await;
     assert_ne!(v1, v0, "the version must cover the consumers_file");
+    // `/admin/config` shows the consumers serving, by name and plan, never a key.
+    let doc = get(&c, &s.admin_url("/admin/config"), &[]).await;
+    let shown = &doc.json()["config"]["consumers"];
+    let names: Vec<(&str, &str)> = shown
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| (k["name"].as_str().unwrap(), k["plan"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        [("tinkerer", "free"), ("bigco", "pro"), ("newcomer", "pro")],
+        "{shown}"
+    );
+    assert!(!doc.text().contains("newcomer-key") && !doc.text().contains(PRO_KEY));
 
     // A broken list: refused at its own FILE:LINE:COL, and the previous list keeps serving.
     let broken = format!("{added}- name: newcomer\n  plan: gold\n  keys: [x]\n");

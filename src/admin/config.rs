@@ -9,8 +9,9 @@ use crate::config::file::File;
 use crate::model::table::Table;
 
 /// `{"version", "loaded_at", "loaded_at_unix", "config"}`. `config` is the file as loaded,
-/// with every default filled in and `workers` resolved; settings that only a restart can
-/// change show the running values, not a newer file's.
+/// with every default filled in and `workers` resolved, and the consumers of a
+/// `consumers_file`; settings that only a restart can change show the running values, not a
+/// newer file's.
 pub(crate) fn document(
     table: &Table,
     file: &File,
@@ -20,6 +21,17 @@ pub(crate) fn document(
     redact(&mut config, None);
     if let Some(w) = config.get_mut("workers") {
         *w = json!(workers);
+    }
+    // Consumers from `consumers_file` are not in the file as loaded: show the ones serving,
+    // by name and plan (their keys, digests or not, are never shown from that file).
+    if file.consumers_file.is_some() {
+        let c = &table.consumers;
+        let list: Vec<Value> = c
+            .list
+            .iter()
+            .map(|k| json!({ "name": &*k.name, "plan": &*c.plans[k.plan].name }))
+            .collect();
+        config["consumers"] = Value::Array(list);
     }
     let unix = table
         .loaded_at
