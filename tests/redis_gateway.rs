@@ -1259,6 +1259,61 @@ async fn cluster_gateway_limits_exactly() {
     );
 }
 
+/// `mode: standalone` pointed at a Redis Cluster node: `check --connect` names the mistake,
+/// and the node's `MOVED` replies (keys of other nodes' slots) are Redis answering, script
+/// errors under `on_error`, not connection failures: they do not open the breaker for the
+/// keys that node serves (six in a row did, and then every key failed).
+#[tokio::test]
+async fn a_cluster_node_configured_as_standalone_is_named_and_moved_trips_no_breaker() {
+    let cluster = RedisCluster::start();
+    let up = Upstream::start();
+    let store = format!(
+        "{{ url: \"{}\", timeout: 500ms, pool_size: 1 }}",
+        cluster.url()
+    );
+    let limit = "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 100/1h }";
+    let s = Sluice::start(&config(&store, "deny", &up, &[route("r", "", &[limit])]));
+    let (code, _, stderr) = check_connect(&s).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains("this Redis is a Cluster node (cluster_enabled:1): set `mode: cluster`"),
+        "{stderr}"
+    );
+    let c = client();
+    let mut served = Vec::new();
+    let mut moved = Vec::new();
+    for i in 1..=30 {
+        let ip = format!("10.5.0.{i}");
+        match hit(&c, &s, "/r", &ip).await.status.as_u16() {
+            200 => served.push(ip),
+            503 => moved.push(ip),
+            other => panic!("{ip}: {other}\n{}", log_of(&s)),
+        }
+    }
+    assert!(
+        served.len() >= 2 && moved.len() >= 6,
+        "{served:?} {moved:?}"
+    );
+    for ip in &moved[..6] {
+        assert_eq!(hit(&c, &s, "/r", ip).await.status.as_u16(), 503);
+    }
+    for ip in &served {
+        assert_eq!(
+            hit(&c, &s, "/r", ip).await.status.as_u16(),
+            200,
+            "{ip}: {}",
+            log_of(&s)
+        );
+    }
+    let m = s.metrics(&c).await;
+    assert_eq!(
+        store_errors(&m, &["connection", "breaker_open"]),
+        0.0,
+        "{m}"
+    );
+    assert!(store_errors(&m, &["script"]) >= 12.0, "{m}");
+}
+
 /// A graceful failover (`CLUSTER FAILOVER`) keeps the old primary up, as a replica: batched
 /// calls routed by the gateway's stale slot map reach it and are refused `READONLY` before
 /// anything is charged. The gateway reads the map again and sends them once more, so limiting

@@ -267,6 +267,9 @@ pub fn validate(s: &RedisSettings) -> Result<(), String> {
 fn store_error(e: &Error) -> StoreError {
     match e.kind() {
         ErrorKind::Timeout => StoreError::Timeout,
+        // A redirection is Redis answering (a slot moved, or a standalone client on a Cluster
+        // node): the connection is fine, and must not open the breaker for other keys.
+        ErrorKind::Cluster if is_redirection(e.details()) => StoreError::Script(e.to_string()),
         ErrorKind::IO
         | ErrorKind::Canceled
         | ErrorKind::Routing
@@ -284,6 +287,11 @@ fn store_error(e: &Error) -> StoreError {
         }
         _ => StoreError::Script(e.to_string()),
     }
+}
+
+/// `MOVED slot host:port` or `ASK slot host:port`, as Redis Cluster sends them.
+fn is_redirection(details: &str) -> bool {
+    details.starts_with("MOVED ") || details.starts_with("ASK ")
 }
 
 /// fred's own messages (fred 10.1 `router/commands.rs`, `protocol/command.rs`,
@@ -452,7 +460,10 @@ impl RedisStore {
         };
         match tokio::time::timeout(within, every_lane).await {
             Ok(Ok(())) => match tokio::time::timeout(within, self.load_up_front()).await {
-                Ok(Ok(())) => self.ping().await,
+                Ok(Ok(())) => {
+                    self.ping().await?;
+                    self.not_a_cluster_node().await
+                }
                 Ok(Err(e)) => Err(store_error(&e)),
                 Err(_) => Err(StoreError::Timeout),
             },
@@ -461,6 +472,27 @@ impl RedisStore {
                 .first()
                 .not_connected(&format!("no connection within {within:?}"))),
         }
+    }
+
+    /// `mode: standalone` pointed at a Redis Cluster node: it would answer `MOVED` for every
+    /// key of another node's slots, and the gateway would limit only some clients. Said at
+    /// start (and by `sluice check --connect`), not found out per request.
+    async fn not_a_cluster_node(&self) -> Result<(), StoreError> {
+        if !matches!(self.cfg.server, ServerConfig::Centralized { .. }) {
+            return Ok(());
+        }
+        let info = CustomCommand::new_static("INFO", ClusterHash::FirstKey, false);
+        let client = self.first().pool.next();
+        let info = client
+            .custom::<String, _>(info, vec!["cluster"])
+            .await
+            .map_err(|e| store_error(&e))?;
+        if info.lines().any(|l| l.trim() == "cluster_enabled:1") {
+            return Err(StoreError::Connection(
+                "this Redis is a Cluster node (cluster_enabled:1): set `mode: cluster` and list its nodes".into(),
+            ));
+        }
+        Ok(())
     }
 
     /// Load the library (on every primary of a cluster), so the first requests need not each
@@ -992,6 +1024,19 @@ mod tests {
 
     #[test]
     fn transport_failures_are_connection_errors_and_replies_are_script_errors() {
+        let cluster = |m: &str| Error::new(ErrorKind::Cluster, m.to_string());
+        assert!(matches!(
+            store_error(&cluster("MOVED 11476 127.0.0.1:7002")),
+            StoreError::Script(_)
+        ));
+        assert!(matches!(
+            store_error(&cluster("ASK 11476 127.0.0.1:7002")),
+            StoreError::Script(_)
+        ));
+        assert!(matches!(
+            store_error(&cluster("Failed to read cluster state.")),
+            StoreError::Connection(_)
+        ));
         let unknown = |m: &str| Error::new(ErrorKind::Unknown, m.to_string());
         assert!(matches!(
             store_error(&unknown("Failed to route command.")),
