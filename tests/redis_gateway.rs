@@ -1434,6 +1434,35 @@ async fn sentinel_gateway_limits() {
     );
 }
 
+/// A sentinel that accepts connections and never answers (a paused or wedged process),
+/// listed first, is passed over. fred asks the sentinels in order and gives up the whole
+/// attempt on one that times out, starting the next attempt with it again: the gateway never
+/// connected, and served every request per `on_error`.
+#[tokio::test]
+async fn a_hung_sentinel_listed_first_is_passed_over() {
+    let sentinel = Sentinel::start();
+    // Never accepted: connections complete in the backlog, and nothing ever answers.
+    let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = hung.local_addr().unwrap();
+    let store = sentinel.store_map("timeout: 500ms, pool_size: 2").replacen(
+        "nodes: [",
+        &format!("nodes: [\"{addr}\", "),
+        1,
+    );
+    let up = Upstream::start();
+    let limit = "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 3/1h }";
+    let s = Sluice::start(&config(&store, "deny", &up, &[route("r", "", &[limit])]));
+    let c = client();
+    wait_store(&c, &s).await;
+    assert_eq!(
+        statuses(&c, &s, "/r", "10.6.0.1", 4).await,
+        [200, 200, 200, 429],
+        "{}",
+        log_of(&s)
+    );
+    drop(hung);
+}
+
 /// Limit state lives in Redis across reloads: editing `rate` keeps the counters (the key has
 /// no rate in it), editing the algorithm starts fresh.
 #[tokio::test]

@@ -254,6 +254,57 @@ fn fred_config(s: &RedisSettings) -> Result<Config, Error> {
     Ok(cfg)
 }
 
+/// How long a sentinel gets to answer a PING before the ones that did are put first.
+const SENTINEL_PROBE: Duration = Duration::from_millis(500);
+
+/// Put the sentinels that answer a PING within `within` first, each group in its given order.
+/// fred asks them in order, and gives up the whole attempt on one that accepts the connection
+/// but never answers (a paused or wedged process), starting the next attempt with it again: a
+/// gateway listing it first never connected. Once connected, fred keeps the list the
+/// sentinels give, led by the one that answered. Probed in parallel, once, at start: at most
+/// `within` more when a sentinel hangs. A sentinel behind TLS does not answer a plain PING and
+/// keeps its place among those that did not.
+fn answering_sentinels_first(cfg: &mut Config, within: Duration) {
+    let ServerConfig::Sentinel { hosts, .. } = &mut cfg.server else {
+        return;
+    };
+    let answers = |server: &Server| -> bool {
+        use std::io::{Read, Write};
+        use std::net::ToSocketAddrs;
+        let Some(addr) = (&*server.host, server.port)
+            .to_socket_addrs()
+            .ok()
+            .and_then(|mut a| a.next())
+        else {
+            return false;
+        };
+        let Ok(mut conn) = std::net::TcpStream::connect_timeout(&addr, within) else {
+            return false;
+        };
+        let mut first = [0u8; 1];
+        conn.set_read_timeout(Some(within)).is_ok()
+            && conn.set_write_timeout(Some(within)).is_ok()
+            && conn.write_all(b"*1\r\n$4\r\nPING\r\n").is_ok()
+            && conn.read(&mut first).is_ok_and(|n| n == 1)
+            // `+PONG`, or an error such as NOAUTH: either way it answers.
+            && matches!(first[0], b'+' | b'-')
+    };
+    let answered: Vec<bool> = std::thread::scope(|scope| {
+        let probes: Vec<_> = hosts
+            .iter()
+            .map(|h| scope.spawn(move || answers(h)))
+            .collect();
+        probes
+            .into_iter()
+            .map(|p| p.join().unwrap_or(false))
+            .collect()
+    });
+    let mut ordered: Vec<(bool, Server)> = answered.into_iter().zip(hosts.drain(..)).collect();
+    // Stable: the answering ones keep their order, and so do the others.
+    ordered.sort_by_key(|(answered, _)| !answered);
+    hosts.extend(ordered.into_iter().map(|(_, h)| h));
+}
+
 /// Whether fred accepts these settings (a URL it cannot parse, say). Config loading calls it,
 /// so `sluice check` reports such a URL at its line instead of the gateway finding out when it
 /// creates the client.
@@ -364,6 +415,7 @@ impl RedisStore {
         workers: usize,
     ) -> Result<RedisStore, StoreError> {
         let mut cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
+        answering_sentinels_first(&mut cfg, SENTINEL_PROBE);
         if let Some(tls) = tls {
             // Ours rather than fred's default for `rediss://`: the configured CA and client
             // certificate, the same ring provider as everywhere else.
@@ -1020,6 +1072,43 @@ mod tests {
             deny_cache: true,
             tls: None,
         }
+    }
+
+    #[test]
+    fn sentinels_that_answer_go_first_in_their_order() {
+        use std::io::{Read, Write};
+        // Accepted into the backlog, never answered.
+        let hung = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let refused_addr = refused.local_addr().unwrap();
+        drop(refused);
+        let answering = |reply: &'static [u8]| {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            std::thread::spawn(move || {
+                for mut c in l.incoming().flatten() {
+                    let _ = c.read(&mut [0u8; 64]);
+                    let _ = c.write_all(reply);
+                }
+            });
+            addr
+        };
+        let (pong, noauth) = (answering(b"+PONG\r\n"), answering(b"-NOAUTH x\r\n"));
+        let nodes: Vec<String> = [hung.local_addr().unwrap(), refused_addr, pong, noauth]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        let mut cfg = fred_config(&settings(RedisMode::Sentinel, None, &nodes)).unwrap();
+        answering_sentinels_first(&mut cfg, Duration::from_millis(300));
+        let ServerConfig::Sentinel { hosts, .. } = &cfg.server else {
+            panic!("not sentinel")
+        };
+        let order: Vec<String> = hosts
+            .iter()
+            .map(|h| format!("{}:{}", h.host, h.port))
+            .collect();
+        assert_eq!(order, [nodes[2], nodes[3], nodes[0], nodes[1]]);
     }
 
     #[test]
