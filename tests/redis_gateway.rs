@@ -1463,6 +1463,60 @@ async fn a_hung_sentinel_listed_first_is_passed_over() {
     drop(hung);
 }
 
+/// A Sentinel failover whose old primary stays up is followed when Sentinel announces it
+/// (`+switch-master`), not when Sentinel later reconfigures the old primary (its periodic
+/// check, about 10 s): what the gateway charged in between went to the old primary and was
+/// lost with its data, and the limit admitted that much again.
+#[tokio::test]
+async fn sentinel_a_failover_is_followed_when_announced() {
+    let sentinel = Sentinel::start();
+    let replica = sentinel.add_replica();
+    let up = Upstream::start();
+    let limit = "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 5/1h }";
+    let store = sentinel.store_map("timeout: 500ms, pool_size: 2");
+    let s = Sluice::start(&config(&store, "deny", &up, &[route("r", "", &[limit])]));
+    let c = client();
+    wait_store(&c, &s).await;
+    let ip = "10.7.0.1";
+    assert_eq!(statuses(&c, &s, "/r", ip, 3).await, [200; 3]);
+    let mut r = replica.conn();
+    let synced = eventually(Duration::from_secs(5), || {
+        let keys = r.cmd_ok(&["KEYS", "*"]).as_array().len();
+        async move { keys == 1 }
+    })
+    .await;
+    assert!(synced, "the replica never got the key");
+    sentinel.fail_over(&replica);
+    s.wait_log(&["sentinel switched the primary"]);
+    // The gateway's connections are new ones, to the new primary.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        statuses(&c, &s, "/r", ip, 2).await,
+        [200; 2],
+        "{}",
+        log_of(&s)
+    );
+    // Once the old primary is a replica of the new one, the 5 are spent: nothing was charged
+    // where it would be lost.
+    let old = sentinel.master.port;
+    let demoted = eventually(Duration::from_secs(30), || {
+        // A new connection each time: Sentinel's reconfiguration closes the old primary's.
+        let role = Conn::try_connect(old)
+            .and_then(|mut c| c.try_cmd(&["ROLE"]))
+            .map(|r| r.as_array()[0].as_str());
+        async move { role.is_ok_and(|r| r == "slave") }
+    })
+    .await;
+    assert!(demoted, "Sentinel never reconfigured the old primary");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        statuses(&c, &s, "/r", ip, 3).await,
+        [429; 3],
+        "charges went to the old primary and were lost\n{}",
+        log_of(&s)
+    );
+}
+
 /// Limit state lives in Redis across reloads: editing `rate` keeps the counters (the key has
 /// no rate in it), editing the algorithm starts fresh.
 #[tokio::test]

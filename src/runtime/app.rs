@@ -43,7 +43,11 @@ pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
         StoreKind::Redis => {
             let redis = RedisStore::connect_for(&boot.store.redis, tls.redis.clone(), boot.workers);
             match redis {
-                Ok(r) => Store::Redis(Arc::new(r)),
+                Ok(r) => {
+                    let r = Arc::new(r);
+                    r.follow_failovers();
+                    Store::Redis(r)
+                }
                 // Config loading already ran these settings through fred
                 // (store::redis::validate), so this is not expected; if it happens, say so
                 // loudly and keep serving on the embedded store rather than not at all.

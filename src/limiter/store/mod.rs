@@ -9,6 +9,7 @@ pub mod breaker;
 pub mod memory;
 pub mod redis;
 pub mod scripts;
+mod sentinel;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

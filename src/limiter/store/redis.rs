@@ -476,6 +476,39 @@ impl RedisStore {
         }
     }
 
+    /// Sentinel mode: follow `+switch-master` (see [`super::sentinel`]) on the calling runtime
+    /// while this store lives. Not with TLS: the events are read in plain text.
+    pub fn follow_failovers(self: &Arc<Self>) {
+        let ServerConfig::Sentinel {
+            hosts,
+            service_name,
+            ..
+        } = &self.cfg.server
+        else {
+            return;
+        };
+        if self.cfg.tls.is_some() {
+            return;
+        }
+        let sentinels = hosts.iter().map(|h| (h.host.to_string(), h.port)).collect();
+        let (store, service) = (Arc::downgrade(self), service_name.clone());
+        tokio::spawn(super::sentinel::follow(store, sentinels, service));
+    }
+
+    /// Drop every worker's connections and open new ones (in Sentinel mode, to the primary
+    /// the sentinels name now). What was in flight fails, under `on_error`; nothing is sent
+    /// twice.
+    pub(super) fn reconnect_all(&self) {
+        for lane in self.lanes.iter().filter_map(OnceLock::get) {
+            let pool = lane.pool.clone();
+            tokio::spawn(async move {
+                if let Err(e) = pool.force_reconnection().await {
+                    tracing::debug!(error = %e, "reconnecting to redis failed; fred keeps trying");
+                }
+            });
+        }
+    }
+
     fn first(&self) -> &Lane {
         self.lanes[0].get().expect("made with the store")
     }

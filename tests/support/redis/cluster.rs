@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::process::wait_for;
 use super::resp::{info_field, Conn, Resp};
 use super::server::RedisServer;
 use crate::support::free_port;
@@ -258,18 +259,6 @@ fn meet(via: &mut Conn, node: &RedisServer) {
         .as_array()[1]
         .as_str();
     via.cmd_ok(&["CLUSTER", "MEET", "127.0.0.1", &node.port.to_string(), &bus]);
-}
-
-/// Poll `ready` every 100 ms; panic naming `what` after [`CLUSTER_TIMEOUT`].
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + CLUSTER_TIMEOUT;
-    while !ready() {
-        assert!(
-            Instant::now() < deadline,
-            "waited {CLUSTER_TIMEOUT:?} for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// `(first slot, last slot, primary port)` for each range of a CLUSTER SLOTS reply.

@@ -96,3 +96,13 @@ pub(super) fn kill_child(child: &mut Option<Child>) {
         let _ = c.wait();
     }
 }
+
+/// Poll `ready` every 100 ms for up to 30 s (a cluster agreeing, a replica syncing, a
+/// sentinel switching); panic naming `what` past that.
+pub fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "waited 30 s for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -5,10 +5,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use super::process::{
-    port_taken, process_log, stdio_file, wait_ready, Ready, READY_TIMEOUT, START_ATTEMPTS,
+    port_taken, process_log, stdio_file, wait_for, wait_ready, Ready, READY_TIMEOUT, START_ATTEMPTS,
 };
 use super::redis_sentinel_bin;
-use super::resp::{Conn, Resp};
+use super::resp::{info_field, Conn, Resp};
 use super::server::RedisServer;
 use crate::support::free_port;
 
@@ -126,6 +126,45 @@ impl Sentinel {
     /// The sentinel's log, plus anything it printed to stdout/stderr.
     pub fn log(&self) -> String {
         process_log(self.dir.path(), &self.log_path())
+    }
+
+    /// Start a replica of the master, and wait until it is in sync and the sentinel knows it
+    /// (the sentinel learns of replicas from the master's INFO, every 10 s).
+    pub fn add_replica(&self) -> RedisServer {
+        let master = self.master.port.to_string();
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master]);
+        let mut r = replica.conn();
+        let port = replica.port.to_string();
+        wait_for("the replica in sync", || {
+            let info = r.cmd_ok(&["INFO", "replication"]).as_str();
+            info_field(&info, "master_link_status").as_deref() == Some("up")
+        });
+        let mut s = self.sentinel_conn();
+        wait_for("the sentinel to know the replica", || {
+            let Ok(Resp::Array(Some(list))) = s.try_cmd(&["SENTINEL", "replicas", SERVICE]) else {
+                return false;
+            };
+            list.iter().any(|fields| {
+                let kv = fields.as_array();
+                kv.chunks(2)
+                    .any(|p| p.len() == 2 && p[0].as_str() == "port" && p[1].as_str() == port)
+                    && kv.chunks(2).any(|p| {
+                        p.len() == 2 && p[0].as_str() == "flags" && p[1].as_str() == "slave"
+                    })
+            })
+        });
+        replica
+    }
+
+    /// `SENTINEL FAILOVER`, then wait until the sentinel names `to` the primary.
+    pub fn fail_over(&self, to: &RedisServer) {
+        let mut s = self.sentinel_conn();
+        s.cmd_ok(&["SENTINEL", "FAILOVER", SERVICE]);
+        let port = to.port.to_string();
+        wait_for("the sentinel to switch the primary", || {
+            matches!(s.try_cmd(&["SENTINEL", "get-master-addr-by-name", SERVICE]),
+                Ok(Resp::Array(Some(a))) if a.len() == 2 && a[1].as_str() == port)
+        });
     }
 }
 
