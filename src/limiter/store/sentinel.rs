@@ -60,9 +60,12 @@ async fn listen(
     let mut lines = BufReader::new(read).lines();
     // The subscription's confirmation first: a sentinel that takes the connection and never
     // answers is passed over.
-    tokio::time::timeout(CONNECT_WAIT, lines.next_line())
+    let first = tokio::time::timeout(CONNECT_WAIT, lines.next_line())
         .await
         .map_err(|_| timed_out())??;
+    if let Some(refused) = first.filter(|l| l.starts_with('-')) {
+        return Err(std::io::Error::other(refused));
+    }
     loop {
         // Polled with a bound, so a gateway that stopped is noticed without an event.
         let line = match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
