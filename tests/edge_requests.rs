@@ -365,6 +365,19 @@ routes:
         let echo = ex.one().json();
         assert!(echo["headers"]["x-env"].is_null(), "{echo}");
     }
+    // `prod` as an item of a list (RFC 9110 §5.3: the same field as two lines) is the `prod`
+    // route, limited: its one request, then 429s, however the list is spelled.
+    let lists = ["X-Env: staging, prod", "X-Env: prod,x", "X-Env: a ,\tprod"];
+    let got: Vec<u16> = lists
+        .iter()
+        .map(|f| {
+            status(&send(
+                &s,
+                &format!("GET /env/x HTTP/1.1\r\nHost: x\r\n{f}\r\n\r\n"),
+            ))
+        })
+        .collect();
+    assert_eq!(got, [200, 429, 429]);
 }
 
 /// A field whose name holds `_` is not forwarded (nginx's `underscores_in_headers off`):

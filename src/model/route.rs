@@ -64,12 +64,14 @@ impl Matcher {
                 .host
                 .as_ref()
                 .is_none_or(|h| host.is_some_and(|host| host_matches(h, host)))
-            // Any line of the field: with `X-Env: staging` and `X-Env: prod` on one request,
-            // an upstream may act on either, so the route (and the limit) for `prod` applies.
+            // Any line of the field, and any item of a line's list: with `X-Env: staging` and
+            // `X-Env: prod` on one request, or `X-Env: staging, prod` (the same field, RFC 9110
+            // §5.3), an upstream may act on either, so the route (and the limit) for `prod`
+            // applies.
             && self
                 .headers
                 .iter()
-                .all(|(n, v)| headers.get_all(n).iter().any(|have| have == v))
+                .all(|(n, v)| headers.get_all(n).iter().any(|have| has_item(have, v)))
     }
 
     /// The path to send upstream when `strip_prefix` is set: the matched prefix removed, and
@@ -85,6 +87,18 @@ impl Matcher {
             Cow::Owned(format!("/{rest}"))
         }
     }
+}
+
+/// `have` is `want`, or a comma-separated list with `want` as one of its items (optional
+/// whitespace around them). A `want` with a comma in it is compared whole.
+fn has_item(have: &HeaderValue, want: &HeaderValue) -> bool {
+    have == want
+        || (have.as_bytes().contains(&b',')
+            && !want.as_bytes().contains(&b',')
+            && have
+                .as_bytes()
+                .split(|&b| b == b',')
+                .any(|item| item.trim_ascii() == want.as_bytes()))
 }
 
 /// Host compared without port and case (RFC 9110 §4.2.3: the host is case-insensitive), and
@@ -179,6 +193,24 @@ mod tests {
         assert!(!x.matches(&Method::GET, "/", None, &h));
         h.append("x-env", HeaderValue::from_static("prod"));
         assert!(x.matches(&Method::GET, "/", None, &h));
+        // The same as one line's list (RFC 9110 §5.3), whatever the whitespace.
+        for list in ["staging, prod", "prod,staging", "a ,\tprod\t, b"] {
+            let mut h = HeaderMap::new();
+            h.insert("x-env", HeaderValue::from_static(list));
+            assert!(x.matches(&Method::GET, "/", None, &h), "{list}");
+        }
+        for other in ["staging, production", "prod-eu, x", "Prod"] {
+            let mut h = HeaderMap::new();
+            h.insert("x-env", HeaderValue::from_static(other));
+            assert!(!x.matches(&Method::GET, "/", None, &h), "{other}");
+        }
+        // A wanted value with a comma is compared whole.
+        x.headers[0].1 = HeaderValue::from_static("a, b");
+        let mut h = HeaderMap::new();
+        h.insert("x-env", HeaderValue::from_static("a, b"));
+        assert!(x.matches(&Method::GET, "/", None, &h));
+        h.insert("x-env", HeaderValue::from_static("a, b, c"));
+        assert!(!x.matches(&Method::GET, "/", None, &h));
     }
 
     #[test]
