@@ -133,8 +133,7 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     let Some(t) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    for w in &t.tls.warnings {
-        let w = config::ConfigError::from(w.clone());
+    for w in t.warnings() {
         eprintln!("{}:{}:{}: warning: {}", w.file, w.line, w.col, w.message);
     }
     let mut out = summary(path, &t);

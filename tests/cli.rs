@@ -674,3 +674,42 @@ fn missing_file_is_an_error() {
     assert!(String::from_utf8_lossy(&out.stderr)
         .starts_with("/nonexistent/sluice.yaml:1:1: cannot read config"));
 }
+
+/// A route no request can reach, because a route before it matches every request it would,
+/// loads (as nginx and Envoy load it) but `check` says so at its `match`, naming the route
+/// that takes its requests: its limits would never apply, and nothing else would tell.
+#[test]
+fn a_route_an_earlier_one_shadows_is_a_warning_at_its_match() {
+    let yaml = "upstreams:
+  api: { targets: [http://127.0.0.1:3000] }
+routes:
+  - name: all
+    match: { path_prefix: / }
+    upstream: api
+  - name: login
+    match: { path: /auth/login, methods: [POST] }
+    upstream: api
+    limits: [ { name: per-ip, by: ip, algorithm: sliding_log, rate: 5/1m } ]
+  - name: admin-host
+    match: { path_prefix: /, host: admin.example.com }
+    upstream: api
+";
+    let (code, out, err, path) = check(yaml);
+    assert_eq!(code, 0, "a warning does not fail the check: {err}");
+    assert!(out.contains("routes 3"), "{out}");
+    let warnings: Vec<String> = err.lines().map(|l| l.replacen(&path, "F", 1)).collect();
+    assert_eq!(
+        warnings,
+        [
+            "F:8:5: warning: route `login` is never reached: route `all` before it matches every request it would (the first match wins), so its limits never apply",
+            "F:12:5: warning: route `admin-host` is never reached: route `all` before it matches every request it would (the first match wins)",
+        ],
+        "{err}"
+    );
+    // In the other order, every route is reachable.
+    let all = "  - name: all\n    match: { path_prefix: / }\n    upstream: api\n";
+    let reordered = format!("{}{all}", yaml.replacen(all, "", 1));
+    let (code, _, err, _) = check(&reordered);
+    assert_eq!(code, 0);
+    assert!(!err.contains("warning"), "{err}");
+}

@@ -4,6 +4,7 @@
 pub mod compile;
 pub mod document;
 pub mod file;
+pub mod lint;
 pub mod position;
 pub mod units;
 
@@ -178,11 +179,13 @@ pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, 
     let now = std::time::SystemTime::now();
     let tls = crate::tls::load(&boot, &table, now)
         .map_err(|errors| ConfigErrors(errors.into_iter().map(ConfigError::from).collect()))?;
+    let warnings = lint::warnings(name, &positions, &table);
     Ok(Loaded {
         boot,
         table,
         file,
         tls,
+        warnings,
     })
 }
 
@@ -204,6 +207,16 @@ pub struct Loaded {
     pub table: Table,
     pub file: file::File,
     pub tls: crate::tls::Material,
+    /// What loads but cannot do what it says (see [`lint`]), besides TLS's own warnings.
+    pub warnings: Vec<ConfigError>,
+}
+
+impl Loaded {
+    /// Every warning of this load: the config's, then its certificates'.
+    pub fn warnings(&self) -> Vec<ConfigError> {
+        let tls = self.tls.warnings.iter().cloned().map(ConfigError::from);
+        self.warnings.iter().cloned().chain(tls).collect()
+    }
 }
 
 #[cfg(test)]

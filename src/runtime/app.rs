@@ -28,15 +28,16 @@ use crate::worker;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
 pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
+    for w in loaded.warnings() {
+        tracing::warn!("{w}");
+    }
     let Loaded {
         boot,
         table,
         file,
         tls,
+        ..
     } = loaded;
-    for w in &tls.warnings {
-        tracing::warn!("{}", crate::config::ConfigError::from(w.clone()));
-    }
     let local = Arc::new(MemoryStore::new(boot.store.memory_max_keys, Clock::System));
     let store = match boot.store.kind {
         StoreKind::Memory => Store::Memory(local.clone()),

@@ -149,15 +149,16 @@ fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, Confi
 
 /// Swap in a compiled table, keeping what only a restart can change.
 fn apply(gw: &Runtime, loaded: Loaded) -> String {
+    for w in loaded.warnings() {
+        tracing::warn!("{w}");
+    }
     let Loaded {
         boot,
         table: new,
         file: mut new_file,
         tls,
+        ..
     } = loaded;
-    for w in &tls.warnings {
-        tracing::warn!("{}", crate::config::ConfigError::from(w.clone()));
-    }
     let old_live = gw.live.load_full();
     let old = &old_live.table;
     let restart = gw.boot.changed(&boot);
