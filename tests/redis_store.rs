@@ -506,6 +506,16 @@ async fn password_protected_redis_needs_the_password() {
         why.contains("NOAUTH") || why.contains("WRONGPASS") || why.contains("auth"),
         "{why}"
     );
+    // A decision then fails as what it is, a connection refused with that reason, not as a
+    // timeout after waiting for a connection that will not come.
+    let c = call("sluice:r:l:gcra:{nopw}", Algorithm::Gcra, 2, 60 * S);
+    match store.decide(std::slice::from_ref(&c)).await {
+        Err(StoreError::Connection(why)) => assert!(
+            why.contains("NOAUTH") || why.contains("WRONGPASS") || why.contains("auth"),
+            "{why}"
+        ),
+        other => panic!("expected a connection error naming the refusal: {other:?}"),
+    }
     // `password_env` resolves into `password`, which wins over the URL.
     s.password = Some("s3cret".into());
     let store = Arc::new(RedisStore::connect(&s, None).unwrap());

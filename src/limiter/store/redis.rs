@@ -611,13 +611,18 @@ impl RedisStore {
     /// it connects, long after its request was answered by the policy: a late charge for a
     /// request that was never decided. Not sending it at all is the only safe choice.
     ///
-    /// The one exception is a lane that has never been connected since the process started:
-    /// nothing was ever sent on it, so nothing can be sent twice, and waiting for it (bounded
-    /// by the caller's `timeout`) lets the first requests after a start be decided by Redis
-    /// instead of by `on_error`.
+    /// The one exception is a lane that has never been connected since the process started,
+    /// and whose connections have not failed yet: nothing was ever sent on it, so nothing can
+    /// be sent twice, and waiting for it (bounded by the caller's `timeout`) lets the first
+    /// requests after a start be decided by Redis instead of by `on_error`. Once a connection
+    /// attempt failed (Redis down, a wrong password), waiting would only turn its reason into
+    /// a timeout.
     async fn client(&self, lane: &Lane) -> Result<fred::clients::WithOptions<Client>, StoreError> {
         let mut client = lane.pool.next_connected();
-        if !client.is_connected() && !lane.ever_connected.load(Ordering::Acquire) {
+        if !client.is_connected()
+            && !lane.ever_connected.load(Ordering::Acquire)
+            && lane.last_error.lock().is_none()
+        {
             let _ = lane.pool.wait_for_connect().await;
             client = lane.pool.next_connected();
         }
