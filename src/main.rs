@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand, ValueEnum};
 use sluice::config;
 use sluice::config::Loaded;
+use sluice::model::policy::RedisMode;
 use sluice::model::tls::TlsVersion;
 
 /// The crate's version, and whether the build is profile-guided (scripts/rustc-pgo, the
@@ -205,18 +206,29 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
         sluice::model::policy::StoreKind::Memory => {
             format!("memory (max {} keys)", boot.store.memory_max_keys)
         }
-        sluice::model::policy::StoreKind::Redis => format!(
-            "redis {:?} {}",
-            boot.store.redis.mode,
-            boot.store
-                .redis
-                .url
-                .as_deref()
-                .map(config::compile::redact_url)
-                .unwrap_or_else(|| boot.store.redis.nodes.join(","))
-        ),
+        sluice::model::policy::StoreKind::Redis => {
+            let r = &boot.store.redis;
+            let url = r.url.as_deref().map(config::compile::redact_url);
+            match r.mode {
+                RedisMode::Standalone => format!("redis standalone {}", url.unwrap_or_default()),
+                RedisMode::Cluster => {
+                    let seeds: Vec<String> = url.into_iter().chain(r.nodes.clone()).collect();
+                    format!("redis cluster {}", seeds.join(","))
+                }
+                RedisMode::Sentinel => format!(
+                    "redis sentinel {} (service {})",
+                    r.nodes.join(","),
+                    r.sentinel_service.as_deref().unwrap_or_default()
+                ),
+            }
+        }
     };
-    let _ = writeln!(s, "store {store}  on_error {:?}", boot.store.on_error);
+    // As written in the YAML (`deny`), not as the Rust enum is named.
+    let on_error = serde_json::to_value(boot.store.on_error)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let _ = writeln!(s, "store {store}  on_error {on_error}");
     let _ = writeln!(
         s,
         "upstreams {}",

@@ -74,6 +74,31 @@ fn valid_config_prints_summary_and_exits_0() {
     let (code, out, err, _) = check(&OK.replace("[POST]", "[get]"));
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("GET,HEAD path /auth/login"), "{out}");
+
+    // The store as written in the YAML: its mode and policy in their YAML spelling, and for
+    // Sentinel the sentinels and service rather than the primary's URL.
+    for (store, line) in [
+        (
+            "store: { kind: memory, on_error: deny }\n",
+            "store memory (max 1000000 keys)  on_error deny",
+        ),
+        (
+            "store: { kind: redis, redis: { url: \"redis://:pw@10.0.0.1:6379/2\" } }\n",
+            "store redis standalone redis://:***@10.0.0.1:6379/2  on_error allow",
+        ),
+        (
+            "store: { kind: redis, on_error: local, redis: { mode: cluster, nodes: [\"10.0.0.1:7000\", \"10.0.0.2:7000\"] } }\n",
+            "store redis cluster 10.0.0.1:7000,10.0.0.2:7000  on_error local",
+        ),
+        (
+            "store: { kind: redis, redis: { mode: sentinel, url: \"redis://10.0.0.9/1\", nodes: [\"10.0.0.1:26379\"], sentinel_service: main } }\n",
+            "store redis sentinel 10.0.0.1:26379 (service main)  on_error allow",
+        ),
+    ] {
+        let (code, out, err, _) = check(&format!("{store}{OK}"));
+        assert_eq!(code, 0, "{err}");
+        assert!(out.lines().any(|l| l == line), "{line}\n{out}");
+    }
 }
 
 /// `sluice check -c F | head -1`: a reader that leaves early is not a crash.
