@@ -847,6 +847,38 @@ routes:
     assert!(!log.contains("upstream failed"), "{log}");
 }
 
+/// The upstream `timeout` counts from the last body bytes the client sent: an upload that
+/// keeps moving is not cut however long it takes (here 2 s against a 1 s timeout), as Envoy's
+/// route timeout starts once the request is complete; and an upstream that has the whole body
+/// and does not answer within `timeout` of it is still the upstream's 504.
+#[test]
+fn a_steady_upload_outlasts_the_timeout_and_a_silent_upstream_is_504() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [{}], timeout: 1s }}\nroutes:\n  - name: r\n    match: {{ path_prefix: / }}\n    upstream: up\n",
+        up.url()
+    ));
+    let mut conn = TcpStream::connect(s.addr).unwrap();
+    conn.write_all(
+        b"POST /upload HTTP/1.1\r\nHost: a\r\nContent-Length: 500\r\nConnection: close\r\n\r\n",
+    )
+    .unwrap();
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(400));
+        // A gateway that gave up has closed: what it answered is read below.
+        let _ = conn.write_all(&[b'x'; 100]);
+    }
+    let ex = support::raw::read_all(&mut conn, QUIET);
+    assert_eq!(status(&ex), 200, "{}", ex.text());
+    assert_eq!(ex.one().text(), "500");
+    let ex = send(
+        &s,
+        "POST /slow?ms=3000 HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc",
+    );
+    assert_eq!(status(&ex), 504, "{}", ex.text());
+    assert_eq!(requests_total(&s, "r", "upstream_error"), 1.0);
+}
+
 /// RFC 9110 §8.6: a 204 carries no Content-Length. An upstream's is dropped, so an HTTP/2
 /// client is not promised DATA that never comes (curl reset the stream: PROTOCOL_ERROR), as
 /// an HTTP/1.1 client was already spared.

@@ -47,10 +47,10 @@ pub enum ForwardError {
     /// the upstream answered: 400, and the client's connection is closed.
     #[error("the request body could not be read: {0}")]
     ClientBody(String),
-    /// `timeout` passed while the upstream connection was waiting for the client's body (a
-    /// client uploading slowly, or not at all): 408, as nginx's `client_body_timeout`
-    /// answers, and the client's connection is closed. Not the upstream's failure.
-    #[error("the request body did not arrive within {0:?}")]
+    /// The upstream connection waited `timeout` for body the client did not send (a client
+    /// that stopped uploading): 408, as nginx's `client_body_timeout` answers, and the
+    /// client's connection is closed. Not the upstream's failure.
+    #[error("no request body arrived for {0:?}")]
     ClientBodyTimeout(Duration),
 }
 
@@ -114,9 +114,17 @@ fn target(authority: &Authority, spec: &UpstreamSpec) -> (Target, Dest) {
 
 /// Milliseconds from process start to `at`.
 fn ms_at(at: Instant) -> u64 {
+    at.saturating_duration_since(start()).as_millis() as u64
+}
+
+/// The instant `ms` milliseconds after process start (the inverse of [`ms_at`]).
+fn at_ms(ms: u64) -> Instant {
+    start() + Duration::from_millis(ms)
+}
+
+fn start() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();
-    at.saturating_duration_since(*START.get_or_init(Instant::now))
-        .as_millis() as u64
+    *START.get_or_init(Instant::now)
 }
 
 impl Upstream {
@@ -137,6 +145,32 @@ impl Upstream {
             targets,
             next: AtomicUsize::new(0),
             pool: Arc::new(Pool::new(connector, dests, workers)),
+        }
+    }
+
+    /// `sent`'s answer, or `None` once `timeout` has passed since the later of `deadline`'s
+    /// start and the last request-body bytes the upstream connection took (or the body's
+    /// end): an upload that keeps moving is not cut, however long it takes, and the wait for
+    /// the head counts from when the body was all sent, as Envoy's route timeout does.
+    async fn head_within<F: std::future::Future>(
+        &self,
+        sent: F,
+        slot: Option<&Slot>,
+        mut deadline: tokio::time::Instant,
+    ) -> Option<F::Output> {
+        let mut sent = std::pin::pin!(sent);
+        loop {
+            match tokio::time::timeout_at(deadline, sent.as_mut()).await {
+                Ok(answer) => return Some(answer),
+                Err(_) => {
+                    let moved = at_ms(slot?.moved_ms.load(Ordering::Acquire));
+                    let later = tokio::time::Instant::from_std(moved) + self.spec.timeout;
+                    if later <= deadline {
+                        return None;
+                    }
+                    deadline = later;
+                }
+            }
         }
     }
 
@@ -165,6 +199,7 @@ impl Upstream {
                 failed: AtomicBool::new(false),
                 ended: AtomicBool::new(false),
                 starved: AtomicBool::new(false),
+                moved_ms: AtomicU64::new(ms_at(now)),
             })
         });
         // A GET or HEAD body of unknown length (chunked, or HTTP/2 DATA without a length):
@@ -210,18 +245,18 @@ impl Upstream {
                 req.headers_mut().insert(HOST, target.host.clone());
             }
             let sent = self.pool.send(i, req, now);
-            let err = match tokio::time::timeout_at(deadline, sent).await {
-                Err(_) if slot.as_ref().is_some_and(|s| s.awaits_client()) => {
+            let err = match self.head_within(sent, slot.as_deref(), deadline).await {
+                None if slot.as_ref().is_some_and(|s| s.awaits_client()) => {
                     return Err(ForwardError::ClientBodyTimeout(self.spec.timeout))
                 }
-                Err(_) => {
+                None => {
                     return Err(ForwardError::Timeout(format!(
                         "no response head from {} within {:?}",
                         target.name, self.spec.timeout
                     )))
                 }
-                Ok(Ok(res)) => return Ok(res),
-                Ok(Err(e)) => e,
+                Some(Ok(res)) => return Ok(res),
+                Some(Err(e)) => e,
             };
             let err = match err {
                 SendError::Http(e)
@@ -318,6 +353,8 @@ struct Slot {
     /// The upstream connection asked for more of the body and the client has not sent it
     /// yet (false while the connection is not asking: the upstream is not reading).
     starved: AtomicBool,
+    /// When ([`ms_at`]) the upstream connection last took body bytes, or the body ended.
+    moved_ms: AtomicU64,
 }
 
 impl Slot {
@@ -364,6 +401,10 @@ impl HttpBody for ReplayBody {
             None => Poll::Ready(None),
         };
         slot.starved.store(polled.is_pending(), Ordering::Release);
+        if let Poll::Ready(Some(Ok(_)) | None) = &polled {
+            slot.moved_ms
+                .store(ms_at(Instant::now()), Ordering::Release);
+        }
         match &polled {
             Poll::Ready(Some(Err(_))) => slot.failed.store(true, Ordering::Release),
             Poll::Ready(None) => slot.ended.store(true, Ordering::Release),
