@@ -738,3 +738,15 @@ routes:
     assert_eq!(code, 0);
     assert!(!err.contains("warning"), "{err}");
 }
+
+/// `methods: []` would match no request (and the route shadow check would blame the route
+/// before it): an error at it.
+#[test]
+fn an_empty_method_list_is_an_error() {
+    one_error(
+        &OK.replace("methods: [POST]", "methods: []"),
+        "F:5:",
+        "`methods: []` matches no request: leave `methods` out for every method",
+        "no-secret-here",
+    );
+}

@@ -92,13 +92,14 @@ async fn a_hammered_key_costs_one_store_call_per_retry_window() {
     // Past the hold, one store call refuses (the hour is not over) and is cached again.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let base = script_calls(&redis);
+    let started = std::time::Instant::now();
     for _ in 0..20 {
         assert_eq!(hit(&c, &s, "2").await.status, 429);
     }
-    assert_eq!(
-        script_calls(&redis),
-        base + 1,
-        "the refusal was not cached again"
+    let (held, calls) = (started.elapsed().as_secs(), script_calls(&redis) - base);
+    assert!(
+        (1..=1 + held).contains(&calls),
+        "20 refusals in {held} s past the hold asked the store {calls} times"
     );
     assert_eq!(up.hits(), 1);
     let m = s.metrics(&c).await;
@@ -180,17 +181,21 @@ async fn a_reset_through_another_gateway_is_seen_within_the_hold() {
     let (one, two) = (Sluice::start(&cfg), Sluice::start(&cfg));
     let c = client();
     assert_eq!(hit(&c, &one, "2").await.status, 200);
+    let cached_at = std::time::Instant::now();
     let refused = hit(&c, &two, "2").await;
     assert_eq!(refused.status, 429);
     let wait: u64 = refused.header("retry-after").unwrap().parse().unwrap();
     assert!(wait > 3600, "a month's wait: {wait}");
     let base = script_calls(&redis);
     assert_eq!(hit(&c, &two, "2").await.status, 429);
-    assert_eq!(
-        script_calls(&redis),
-        base,
-        "refused from the second gateway's cache"
-    );
+    // Within the hold (a machine slow enough to take longer asks again, as it should).
+    if cached_at.elapsed() < Duration::from_millis(900) {
+        assert_eq!(
+            script_calls(&redis),
+            base,
+            "refused from the second gateway's cache"
+        );
+    }
     let reset = support::send(
         &c,
         http::Method::DELETE,

@@ -1474,7 +1474,8 @@ async fn sentinel_a_failover_is_followed_when_announced() {
     let up = Upstream::start();
     let limit = "{ name: per-ip, by: ip, algorithm: fixed_window, rate: 5/1h }";
     let store = sentinel.store_map("timeout: 500ms, pool_size: 2");
-    let s = Sluice::start(&config(&store, "deny", &up, &[route("r", "", &[limit])]));
+    let yaml = config(&store, "deny", &up, &[route("r", "", &[limit])]);
+    let s = Sluice::start(&format!("workers: 1\n{yaml}"));
     let c = client();
     wait_store(&c, &s).await;
     let ip = "10.7.0.1";
@@ -1486,10 +1487,27 @@ async fn sentinel_a_failover_is_followed_when_announced() {
     })
     .await;
     assert!(synced, "the replica never got the key");
+    drop(r);
     sentinel.fail_over(&replica);
     s.wait_log(&["sentinel switched the primary"]);
-    // The gateway's connections are new ones, to the new primary.
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The gateway's two connections are new ones, to the new primary (unnamed, where the
+    // sentinel's are named; this poll's own is the one running CLIENT LIST).
+    let moved = eventually(Duration::from_secs(15), || {
+        let list = replica.conn().cmd_ok(&["CLIENT", "LIST"]).as_str();
+        let ours = list
+            .lines()
+            .filter(|l| {
+                l.contains(" name= ") && l.contains(" flags=N ") && !l.contains("cmd=client|list")
+            })
+            .count();
+        async move { ours >= 2 }
+    })
+    .await;
+    assert!(
+        moved,
+        "the gateway never connected to the new primary\n{}",
+        log_of(&s)
+    );
     assert_eq!(
         statuses(&c, &s, "/r", ip, 2).await,
         [200; 2],

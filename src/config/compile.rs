@@ -809,6 +809,12 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
     // `GET` brings `HEAD` along (nginx's `limit_except GET` does too): frameworks answer HEAD
     // with the GET handler, so a limit on `methods: [GET]` that HEAD missed would be a way
     // around it.
+    if m.methods.as_ref().is_some_and(Vec::is_empty) {
+        c.err(
+            &format!("{base}.methods"),
+            "`methods: []` matches no request: leave `methods` out for every method",
+        );
+    }
     let methods = m.methods.as_ref().map(|ms| {
         let mut methods: Vec<Method> = ms
             .iter()

@@ -2,36 +2,47 @@
 //! it connects, and does not listen to Sentinel's events: after a failover whose old primary
 //! stays up, a gateway kept deciding there until Sentinel reconfigured it (its periodic check,
 //! about 10 s), and what it charged meanwhile was lost with the old primary's data. So one
-//! task per gateway subscribes to `+switch-master` on a sentinel (any that answers, in turn)
-//! and, when the service it serves switched, has every connection reconnect, which asks the
-//! sentinels for the new primary.
+//! task per gateway, on a sentinel (any that answers, in turn):
+//! - asks where the primary is, and has connections that are elsewhere reconnect (a switch
+//!   announced while it was not subscribed is caught so);
+//! - subscribes to `+switch-master`, and when the service switches, has every connection
+//!   reconnect, which asks the sentinels for the new primary;
+//! - checks, after each reconnect, that the connections did reach the primary named (a
+//!   sentinel that has not heard of the switch yet may still name the old one), and
+//!   reconnects again until they do;
+//! - PINGs an idle subscription, so a sentinel gone without a word is noticed and another one
+//!   asked.
 
 use std::sync::Weak;
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 
 use super::redis::RedisStore;
 
-/// How long connecting to a sentinel and its answer to SUBSCRIBE may take.
-const CONNECT_WAIT: Duration = Duration::from_millis(500);
+/// How long connecting to a sentinel and each of its answers may take.
+const ANSWER_WAIT: Duration = Duration::from_millis(500);
 /// The pause before trying the next sentinel.
 const RETRY_EVERY: Duration = Duration::from_millis(500);
+/// A subscription silent this long is PINGed; one silent twice as long is dropped.
+const IDLE: Duration = Duration::from_secs(5);
+/// How often, and how many times, a reconnect is checked (and made again) after a switch.
+const CHECK_EVERY: Duration = Duration::from_secs(1);
+const CHECKS: usize = 10;
 
-/// Watch `sentinels` (`host:port`) for `+switch-master` of `service` while `store` lives.
+/// Watch `sentinels` (`host:port`) for `service`'s primary while `store` lives.
 pub(super) async fn follow(
     store: Weak<RedisStore>,
     sentinels: Vec<(String, u16)>,
     service: String,
 ) {
-    // The payload: `<service> <old ip> <old port> <new ip> <new port>`.
-    let prefix = format!("{service} ");
     for (host, port) in sentinels.iter().cycle() {
         if store.strong_count() == 0 {
             return;
         }
-        match listen(host, *port, &prefix, &store).await {
+        match listen(host, *port, &service, &store).await {
             Ok(()) => return,
             Err(e) => {
                 tracing::debug!(sentinel = %format!("{host}:{port}"), error = %e, "sentinel events: trying the next sentinel")
@@ -41,42 +52,50 @@ pub(super) async fn follow(
     }
 }
 
-/// Subscribe on one sentinel and reconnect `store` at each switch of the service, until the
-/// connection ends (an error) or the store is gone (`Ok`).
+/// One sentinel: where the primary is, then its switches, until the connection ends (an
+/// error) or the store is gone (`Ok`).
 async fn listen(
     host: &str,
     port: u16,
-    prefix: &str,
+    service: &str,
     store: &Weak<RedisStore>,
 ) -> std::io::Result<()> {
-    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer");
-    let conn = tokio::time::timeout(CONNECT_WAIT, TcpStream::connect((host, port)))
-        .await
-        .map_err(|_| timed_out())??;
+    let conn = within(TcpStream::connect((host, port))).await?;
     let (read, mut write) = conn.into_split();
+    let mut lines = BufReader::new(read).lines();
+    let ask = format!(
+        "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n${}\r\n{service}\r\n",
+        service.len()
+    );
+    write.write_all(ask.as_bytes()).await?;
+    let primary = primary_named(&mut lines).await?;
+    go_to(store, primary, false);
     write
         .write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$14\r\n+switch-master\r\n")
         .await?;
-    let mut lines = BufReader::new(read).lines();
-    // The subscription's confirmation first: a sentinel that takes the connection and never
-    // answers is passed over.
-    let first = tokio::time::timeout(CONNECT_WAIT, lines.next_line())
-        .await
-        .map_err(|_| timed_out())??;
-    if let Some(refused) = first.filter(|l| l.starts_with('-')) {
+    if let Some(refused) = within(lines.next_line())
+        .await?
+        .filter(|l| l.starts_with('-'))
+    {
         return Err(std::io::Error::other(refused));
     }
+    // The payload: `<service> <old ip> <old port> <new ip> <new port>`.
+    let prefix = format!("{service} ");
+    let mut pinged = false;
     loop {
-        // Polled with a bound, so a gateway that stopped is noticed without an event.
-        let line = match tokio::time::timeout(Duration::from_secs(5), lines.next_line()).await {
+        let line = match tokio::time::timeout(IDLE, lines.next_line()).await {
+            Err(_) if store.strong_count() == 0 => return Ok(()),
+            Err(_) if pinged => {
+                return Err(std::io::Error::other("the sentinel stopped answering"))
+            }
             Err(_) => {
-                if store.strong_count() == 0 {
-                    return Ok(());
-                }
+                write.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
+                pinged = true;
                 continue;
             }
             Ok(line) => line?,
         };
+        pinged = false;
         let Some(line) = line else {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::UnexpectedEof,
@@ -84,15 +103,82 @@ async fn listen(
             ));
         };
         // A bulk string's content is a line of its own; a payload holds no line break.
-        if let Some(addresses) = line.strip_prefix(prefix) {
-            let Some(store) = store.upgrade() else {
-                return Ok(());
-            };
-            tracing::warn!(
-                switch = addresses,
-                "sentinel switched the primary: reconnecting every connection"
-            );
-            store.reconnect_all();
+        let Some(addresses) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        tracing::warn!(
+            switch = addresses,
+            "sentinel switched the primary: reconnecting every connection"
+        );
+        let new: Vec<&str> = addresses.split(' ').collect();
+        let primary = match new[..] {
+            [_, _, host, port] => port.parse().ok().map(|p| (host.to_owned(), p)),
+            _ => None,
+        };
+        match primary {
+            Some(primary) => go_to(store, primary, true),
+            None => {
+                if let Some(s) = store.upgrade() {
+                    s.reconnect_all();
+                }
+            }
         }
     }
+}
+
+/// `fut`, or a timeout error after [`ANSWER_WAIT`].
+async fn within<T>(
+    fut: impl std::future::Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    tokio::time::timeout(ANSWER_WAIT, fut)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "no answer"))?
+}
+
+/// The reply to `SENTINEL get-master-addr-by-name`: `*2`, then the host and the port as bulk
+/// strings (each a length line and a content line).
+async fn primary_named(
+    lines: &mut Lines<BufReader<OwnedReadHalf>>,
+) -> std::io::Result<(String, u16)> {
+    let mut reply = Vec::with_capacity(5);
+    while reply.len() < 5 {
+        let line = within(lines.next_line()).await?;
+        reply
+            .push(line.ok_or_else(|| std::io::Error::other("the sentinel closed the connection"))?);
+        if reply[0] != "*2" {
+            return Err(std::io::Error::other(format!(
+                "no primary named: {}",
+                reply[0]
+            )));
+        }
+    }
+    let port = reply[4]
+        .parse()
+        .map_err(|_| std::io::Error::other(format!("not a port: {}", reply[4])))?;
+    Ok((reply[2].clone(), port))
+}
+
+/// Have `store`'s connections go to `primary`: reconnect them if `force` or if any is
+/// elsewhere, then check they got there (see [`CHECKS`]).
+fn go_to(store: &Weak<RedisStore>, primary: (String, u16), force: bool) {
+    let Some(s) = store.upgrade() else { return };
+    if !force && !s.connected_elsewhere(&primary) {
+        return;
+    }
+    s.reconnect_all();
+    let store = store.clone();
+    tokio::spawn(async move {
+        for _ in 0..CHECKS {
+            tokio::time::sleep(CHECK_EVERY).await;
+            let Some(s) = store.upgrade() else { return };
+            if !s.connected_elsewhere(&primary) {
+                return;
+            }
+            tracing::info!(
+                primary = %format!("{}:{}", primary.0, primary.1),
+                "connections are not on the primary the sentinels named yet: reconnecting again"
+            );
+            s.reconnect_all();
+        }
+    });
 }
