@@ -476,7 +476,7 @@ impl RedisStore {
         }
     }
 
-    /// Sentinel mode: follow `+switch-master` (see [`super::sentinel`]) on the calling runtime
+    /// Sentinel mode: follow `+switch-master` (see `store/sentinel.rs`) on the calling runtime
     /// while this store lives. Not with TLS: the events are read in plain text.
     pub fn follow_failovers(self: &Arc<Self>) {
         let ServerConfig::Sentinel {
