@@ -67,12 +67,7 @@ mod tests {
     use http::{HeaderName, HeaderValue, Method};
 
     fn m(path: PathMatch) -> Matcher {
-        Matcher {
-            path,
-            methods: None,
-            host: None,
-            headers: Vec::new(),
-        }
+        Matcher::on(path)
     }
 
     fn prefix(p: &str) -> Matcher {

@@ -46,6 +46,17 @@ pub struct Matcher {
 }
 
 impl Matcher {
+    /// A matcher of `path` alone (any method, host and fields), for tests.
+    #[cfg(test)]
+    pub(crate) fn on(path: PathMatch) -> Matcher {
+        Matcher {
+            path,
+            methods: None,
+            host: None,
+            headers: Vec::new(),
+        }
+    }
+
     pub fn matches(
         &self,
         method: &Method,
@@ -152,12 +163,7 @@ mod tests {
     use super::*;
 
     fn m(path: PathMatch) -> Matcher {
-        Matcher {
-            path,
-            methods: None,
-            host: None,
-            headers: vec![],
-        }
+        Matcher::on(path)
     }
 
     #[test]

@@ -1164,37 +1164,25 @@ mod tests {
 
     #[test]
     fn transport_failures_are_connection_errors_and_replies_are_script_errors() {
-        let cluster = |m: &str| Error::new(ErrorKind::Cluster, m.to_string());
-        assert!(matches!(
-            store_error(&cluster("MOVED 11476 127.0.0.1:7002")),
-            StoreError::Script(_)
-        ));
-        assert!(matches!(
-            store_error(&cluster("ASK 11476 127.0.0.1:7002")),
-            StoreError::Script(_)
-        ));
-        assert!(matches!(
-            store_error(&cluster("Failed to read cluster state.")),
-            StoreError::Connection(_)
-        ));
-        let unknown = |m: &str| Error::new(ErrorKind::Unknown, m.to_string());
-        assert!(matches!(
-            store_error(&unknown("Failed to route command.")),
-            StoreError::Connection(_)
-        ));
-        assert!(matches!(
-            store_error(&unknown("Too many failed write attempts.")),
-            StoreError::Connection(_)
-        ));
-        // An error reply from the script or from Redis is the store answering.
-        assert!(matches!(
-            store_error(&unknown("sluice: bad limit in ARGV[4]")),
-            StoreError::Script(_)
-        ));
-        assert!(matches!(
-            store_error(&Error::new(ErrorKind::IO, "reset")),
-            StoreError::Connection(_)
-        ));
+        // (kind, details, is a script error: Redis answered)
+        for (kind, details, script) in [
+            // A redirection is Redis answering; a cluster client failure is not.
+            (ErrorKind::Cluster, "MOVED 11476 127.0.0.1:7002", true),
+            (ErrorKind::Cluster, "ASK 11476 127.0.0.1:7002", true),
+            (ErrorKind::Cluster, "Failed to read cluster state.", false),
+            // fred's own transport failures, reported with the kind of an error reply.
+            (ErrorKind::Unknown, "Failed to route command.", false),
+            (ErrorKind::Unknown, "Too many failed write attempts.", false),
+            // An error reply from the script or from Redis is the store answering.
+            (ErrorKind::Unknown, "sluice: bad limit in ARGV[4]", true),
+            (ErrorKind::IO, "reset", false),
+        ] {
+            let e = store_error(&Error::new(kind, details.to_string()));
+            match (script, &e) {
+                (true, StoreError::Script(_)) | (false, StoreError::Connection(_)) => {}
+                _ => panic!("{details}: {e:?}"),
+            }
+        }
         assert_eq!(
             store_error(&Error::new(ErrorKind::Timeout, "t")),
             StoreError::Timeout
