@@ -134,7 +134,7 @@ fn check(path: &std::path::Path, connect: bool) -> ExitCode {
     let Some(t) = load_or_report(path) else {
         return ExitCode::from(1);
     };
-    for w in t.warnings() {
+    for w in &t.warnings {
         eprintln!("{}:{}:{}: warning: {}", w.file, w.line, w.col, w.message);
     }
     let mut out = summary(path, &t);

@@ -177,9 +177,10 @@ pub fn compile_file(name: &str, text: &str, file: file::File) -> Result<Loaded, 
     // pair that does not load at the entry that named it.
     #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
     let now = std::time::SystemTime::now();
-    let tls = crate::tls::load(&boot, &table, now)
+    let mut tls = crate::tls::load(&boot, &table, now)
         .map_err(|errors| ConfigErrors(errors.into_iter().map(ConfigError::from).collect()))?;
-    let warnings = lint::warnings(name, &positions, &table);
+    let mut warnings = lint::warnings(name, &positions, &table);
+    warnings.extend(tls.warnings.drain(..).map(ConfigError::from));
     Ok(Loaded {
         boot,
         table,
@@ -207,16 +208,9 @@ pub struct Loaded {
     pub table: Table,
     pub file: file::File,
     pub tls: crate::tls::Material,
-    /// What loads but cannot do what it says (see [`lint`]), besides TLS's own warnings.
+    /// Every warning of this load: what loads but cannot do what it says (see [`lint`]),
+    /// then the certificates' (taken from `tls`).
     pub warnings: Vec<ConfigError>,
-}
-
-impl Loaded {
-    /// Every warning of this load: the config's, then its certificates'.
-    pub fn warnings(&self) -> Vec<ConfigError> {
-        let tls = self.tls.warnings.iter().cloned().map(ConfigError::from);
-        self.warnings.iter().cloned().chain(tls).collect()
-    }
 }
 
 #[cfg(test)]

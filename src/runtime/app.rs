@@ -28,7 +28,7 @@ use crate::worker;
 
 /// Build the gateway for a loaded table (stores connected, metrics registered).
 pub async fn gateway(loaded: Loaded, config_path: PathBuf) -> Arc<Runtime> {
-    for w in loaded.warnings() {
+    for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
     let Loaded {

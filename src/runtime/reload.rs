@@ -149,7 +149,7 @@ fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, Confi
 
 /// Swap in a compiled table, keeping what only a restart can change.
 fn apply(gw: &Runtime, loaded: Loaded) -> String {
-    for w in loaded.warnings() {
+    for w in &loaded.warnings {
         tracing::warn!("{w}");
     }
     let Loaded {
