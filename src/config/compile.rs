@@ -314,11 +314,14 @@ pub fn compile(
             }
             // `identities.api_key: {}` (or `user: {}`) reads that identity from nowhere: such
             // a limit would only ever fall back, skip or refuse, whatever requests carry.
-            for (part, name) in [(KeyPart::ApiKey, "api_key"), (KeyPart::User, "user")] {
+            for (part, name, other) in [
+                (KeyPart::ApiKey, "api_key", "query"),
+                (KeyPart::User, "user", "jwt"),
+            ] {
                 if rule.by.contains(&part) && disabled(&file.identities, &part) {
                     c.err(
                         &format!("{base}.limits[{j}].by"),
-                        format!("`by: {name}` never finds one: `identities.{name}` reads it from nowhere (it has no `header`{})", if name == "user" { ", no `jwt`" } else { ", no `query`" }),
+                        format!("`by: {name}` never finds one: `identities.{name}` reads it from nowhere (it has no `header`, no `{other}`)"),
                     );
                 }
             }
