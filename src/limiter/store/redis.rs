@@ -52,6 +52,7 @@ use futures_util::future::{join_all, try_join_all};
 
 use super::batch::{self, Job};
 use super::breaker::{Breaker, PROBE_EVERY};
+use super::sentinel;
 use super::{scripts, LimitCall, Peek, StoreError};
 use crate::limiter::algo::{Algorithm, Decision, Op};
 use crate::model::policy::RedisMode;
@@ -254,57 +255,6 @@ fn fred_config(s: &RedisSettings) -> Result<Config, Error> {
     Ok(cfg)
 }
 
-/// How long a sentinel gets to answer a PING before the ones that did are put first.
-const SENTINEL_PROBE: Duration = Duration::from_millis(500);
-
-/// Put the sentinels that answer a PING (connected within `within`, answered within `within`
-/// more) first, each group in its given order. fred asks them in order, and gives up the
-/// whole attempt on one that accepts the connection but never answers (a paused or wedged
-/// process), starting the next attempt with it again: a gateway listing it first never
-/// connected. Once connected, fred keeps the list the sentinels give, led by the one that
-/// answered. Probed in parallel, once, at start: about 2 × `within` more (per address of a
-/// name) when a sentinel hangs. A sentinel behind TLS does not answer a plain PING and keeps
-/// its place among those that did not.
-fn answering_sentinels_first(cfg: &mut Config, within: Duration) {
-    let ServerConfig::Sentinel { hosts, .. } = &mut cfg.server else {
-        return;
-    };
-    let pong = |addr: &std::net::SocketAddr| -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut conn) = std::net::TcpStream::connect_timeout(addr, within) else {
-            return false;
-        };
-        let mut first = [0u8; 1];
-        conn.set_read_timeout(Some(within)).is_ok()
-            && conn.set_write_timeout(Some(within)).is_ok()
-            && conn.write_all(b"*1\r\n$4\r\nPING\r\n").is_ok()
-            && conn.read(&mut first).is_ok_and(|n| n == 1)
-            // `+PONG`, or an error such as NOAUTH: either way it answers.
-            && matches!(first[0], b'+' | b'-')
-    };
-    // Each address the name resolves to (`localhost` may give `::1` first).
-    let answers = |server: &Server| -> bool {
-        use std::net::ToSocketAddrs;
-        (&*server.host, server.port)
-            .to_socket_addrs()
-            .is_ok_and(|mut addrs| addrs.any(|a| pong(&a)))
-    };
-    let answered: Vec<bool> = std::thread::scope(|scope| {
-        let probes: Vec<_> = hosts
-            .iter()
-            .map(|h| scope.spawn(move || answers(h)))
-            .collect();
-        probes
-            .into_iter()
-            .map(|p| p.join().unwrap_or(false))
-            .collect()
-    });
-    let mut ordered: Vec<(bool, Server)> = answered.into_iter().zip(hosts.drain(..)).collect();
-    // Stable: the answering ones keep their order, and so do the others.
-    ordered.sort_by_key(|(answered, _)| !answered);
-    hosts.extend(ordered.into_iter().map(|(_, h)| h));
-}
-
 /// Whether fred accepts these settings (a URL it cannot parse, say). Config loading calls it,
 /// so `sluice check` reports such a URL at its line instead of the gateway finding out when it
 /// creates the client.
@@ -415,7 +365,9 @@ impl RedisStore {
         workers: usize,
     ) -> Result<RedisStore, StoreError> {
         let mut cfg = fred_config(s).map_err(|e| StoreError::Connection(e.to_string()))?;
-        answering_sentinels_first(&mut cfg, SENTINEL_PROBE);
+        if let ServerConfig::Sentinel { hosts, .. } = &mut cfg.server {
+            sentinel::answering_first(hosts, sentinel::PROBE);
+        }
         if let Some(tls) = tls {
             // Ours rather than fred's default for `rediss://`: the configured CA and client
             // certificate, the same ring provider as everywhere else.
@@ -492,7 +444,7 @@ impl RedisStore {
         }
         let sentinels = hosts.iter().map(|h| (h.host.to_string(), h.port)).collect();
         let (store, service) = (Arc::downgrade(self), service_name.clone());
-        tokio::spawn(super::sentinel::follow(store, sentinels, service));
+        tokio::spawn(sentinel::follow(store, sentinels, service));
     }
 
     /// Drop every worker's connections and open new ones (in Sentinel mode, to the primary
@@ -1151,10 +1103,10 @@ mod tests {
             .collect();
         let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
         let mut cfg = fred_config(&settings(RedisMode::Sentinel, None, &nodes)).unwrap();
-        answering_sentinels_first(&mut cfg, Duration::from_millis(300));
-        let ServerConfig::Sentinel { hosts, .. } = &cfg.server else {
+        let ServerConfig::Sentinel { hosts, .. } = &mut cfg.server else {
             panic!("not sentinel")
         };
+        sentinel::answering_first(hosts, Duration::from_millis(300));
         let order: Vec<String> = hosts
             .iter()
             .map(|h| format!("{}:{}", h.host, h.port))

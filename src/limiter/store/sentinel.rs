@@ -12,6 +12,9 @@
 //!   reconnects again until they do;
 //! - PINGs an idle subscription, so a sentinel gone without a word is noticed and another one
 //!   asked.
+//!
+//! And at start, before fred connects, the sentinels that answer go first
+//! ([`answering_first`]).
 
 use std::sync::Weak;
 use std::time::Duration;
@@ -20,7 +23,12 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::TcpStream;
 
+use fred::types::config::Server;
+
 use super::redis::RedisStore;
+
+/// How long a sentinel gets to connect, and then to answer a PING, at start.
+pub(super) const PROBE: Duration = Duration::from_millis(500);
 
 /// How long connecting to a sentinel and each of its answers may take.
 const ANSWER_WAIT: Duration = Duration::from_millis(500);
@@ -31,6 +39,60 @@ const IDLE: Duration = Duration::from_secs(5);
 /// How often, and how many times, a reconnect is checked (and made again) after a switch.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 const CHECKS: usize = 10;
+
+/// `args` as a RESP command (an array of bulk strings).
+fn command(args: &[&str]) -> Vec<u8> {
+    let mut out = format!("*{}\r\n", args.len()).into_bytes();
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n{a}\r\n", a.len()).as_bytes());
+    }
+    out
+}
+
+/// Put the sentinels that answer a PING (connected within `within`, answered within `within`
+/// more) first, each group in its given order. fred asks them in order, and gives up the
+/// whole attempt on one that accepts the connection but never answers (a paused or wedged
+/// process), starting the next attempt with it again: a gateway listing it first never
+/// connected. Once connected, fred keeps the list the sentinels give, led by the one that
+/// answered. Probed in parallel, once, at start: about 2 × `within` more (per address of a
+/// name) when a sentinel hangs. A sentinel behind TLS does not answer a plain PING and keeps
+/// its place among those that did not.
+pub(super) fn answering_first(hosts: &mut Vec<Server>, within: Duration) {
+    let pong = |addr: &std::net::SocketAddr| -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut conn) = std::net::TcpStream::connect_timeout(addr, within) else {
+            return false;
+        };
+        let mut first = [0u8; 1];
+        conn.set_read_timeout(Some(within)).is_ok()
+            && conn.set_write_timeout(Some(within)).is_ok()
+            && conn.write_all(&command(&["PING"])).is_ok()
+            && conn.read(&mut first).is_ok_and(|n| n == 1)
+            // `+PONG`, or an error such as NOAUTH: either way it answers.
+            && matches!(first[0], b'+' | b'-')
+    };
+    // Each address the name resolves to (`localhost` may give `::1` first).
+    let answers = |server: &Server| -> bool {
+        use std::net::ToSocketAddrs;
+        (&*server.host, server.port)
+            .to_socket_addrs()
+            .is_ok_and(|mut addrs| addrs.any(|a| pong(&a)))
+    };
+    let answered: Vec<bool> = std::thread::scope(|scope| {
+        let probes: Vec<_> = hosts
+            .iter()
+            .map(|h| scope.spawn(move || answers(h)))
+            .collect();
+        probes
+            .into_iter()
+            .map(|p| p.join().unwrap_or(false))
+            .collect()
+    });
+    let mut ordered: Vec<(bool, Server)> = answered.into_iter().zip(hosts.drain(..)).collect();
+    // Stable: the answering ones keep their order, and so do the others.
+    ordered.sort_by_key(|(answered, _)| !answered);
+    hosts.extend(ordered.into_iter().map(|(_, h)| h));
+}
 
 /// Watch `sentinels` (`host:port`) for `service`'s primary while `store` lives.
 pub(super) async fn follow(
@@ -63,15 +125,12 @@ async fn listen(
     let conn = within(TcpStream::connect((host, port))).await?;
     let (read, mut write) = conn.into_split();
     let mut lines = BufReader::new(read).lines();
-    let ask = format!(
-        "*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n${}\r\n{service}\r\n",
-        service.len()
-    );
-    write.write_all(ask.as_bytes()).await?;
+    let ask = command(&["SENTINEL", "get-master-addr-by-name", service]);
+    write.write_all(&ask).await?;
     let primary = primary_named(&mut lines).await?;
     go_to(store, primary, false);
     write
-        .write_all(b"*2\r\n$9\r\nSUBSCRIBE\r\n$14\r\n+switch-master\r\n")
+        .write_all(&command(&["SUBSCRIBE", "+switch-master"]))
         .await?;
     if let Some(refused) = within(lines.next_line())
         .await?
@@ -89,7 +148,7 @@ async fn listen(
                 return Err(std::io::Error::other("the sentinel stopped answering"))
             }
             Err(_) => {
-                write.write_all(b"*1\r\n$4\r\nPING\r\n").await?;
+                write.write_all(&command(&["PING"])).await?;
                 pinged = true;
                 continue;
             }
@@ -181,4 +240,22 @@ fn go_to(store: &Weak<RedisStore>, primary: (String, u16), force: bool) {
             s.reconnect_all();
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_are_arrays_of_bulk_strings() {
+        assert_eq!(command(&["PING"]), b"*1\r\n$4\r\nPING\r\n");
+        assert_eq!(
+            command(&["SUBSCRIBE", "+switch-master"]),
+            b"*2\r\n$9\r\nSUBSCRIBE\r\n$14\r\n+switch-master\r\n"
+        );
+        assert_eq!(
+            command(&["SENTINEL", "get-master-addr-by-name", "mymaster"]),
+            b"*3\r\n$8\r\nSENTINEL\r\n$23\r\nget-master-addr-by-name\r\n$8\r\nmymaster\r\n"
+        );
+    }
 }
