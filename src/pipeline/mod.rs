@@ -316,10 +316,7 @@ impl Gateway {
                 Ok(res)
             }
             Err(e) => {
-                if !matches!(
-                    e,
-                    ForwardError::ClientBody(_) | ForwardError::ClientBodyTimeout(_)
-                ) {
+                if !e.clients_fault() {
                     ctx.upstream_time = Some((secs, UPSTREAM_FAILED));
                     // The cause stays here; the client's 502/504 says only what kind it was.
                     tracing::warn!(

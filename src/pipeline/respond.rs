@@ -84,6 +84,16 @@ impl GatewayError {
         }
     }
 
+    /// Whether the client's connection is closed after this answer: a request whose framing
+    /// cannot be trusted, or whose body broke off, leaves the connection's bytes unknowable.
+    fn closes(&self) -> bool {
+        match self {
+            GatewayError::Unframeable(_) => true,
+            GatewayError::Upstream(e) => e.clients_fault(),
+            _ => false,
+        }
+    }
+
     /// The outcome a request answered with this error counts as.
     pub fn outcome(&self) -> Outcome {
         match self {
@@ -94,9 +104,8 @@ impl GatewayError {
             | GatewayError::UnknownConsumer { .. } => Outcome::RejectedIdentity,
             GatewayError::Limited { .. } => Outcome::Limited,
             GatewayError::StoreUnavailable(_) => Outcome::StoreErrorDenied,
-            GatewayError::Upstream(ForwardError::ClientBody(_))
-            | GatewayError::Upstream(ForwardError::ClientBodyTimeout(_))
-            | GatewayError::BadRequest(_)
+            GatewayError::Upstream(e) if e.clients_fault() => Outcome::RejectedRequest,
+            GatewayError::BadRequest(_)
             | GatewayError::Unframeable(_)
             | GatewayError::HeadTooLarge
             | GatewayError::MethodNotAllowed(_) => Outcome::RejectedRequest,
@@ -156,10 +165,7 @@ impl GatewayError {
                 ratelimit::set_retry_after(res.headers_mut(), *retry_after);
                 res
             }
-            GatewayError::Unframeable(_)
-            | GatewayError::Upstream(
-                ForwardError::ClientBody(_) | ForwardError::ClientBodyTimeout(_),
-            ) => {
+            _ if self.closes() => {
                 let mut res = render(status, &self.problem());
                 let close = HeaderValue::from_static("close");
                 res.headers_mut().insert(CONNECTION, close);

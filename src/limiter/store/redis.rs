@@ -184,6 +184,12 @@ impl Lane {
         tracing::warn!(
             "store calls time out on open connections: dropping them and connecting again"
         );
+        self.reconnect();
+    }
+
+    /// Drop this lane's connections and open new ones, in the background. What was in flight
+    /// fails; nothing is sent twice (fred retries no command).
+    fn reconnect(&self) {
         let pool = self.pool.clone();
         tokio::spawn(async move {
             if let Err(e) = pool.force_reconnection().await {
@@ -452,12 +458,7 @@ impl RedisStore {
     /// twice.
     pub(super) fn reconnect_all(&self) {
         for lane in self.lanes.iter().filter_map(OnceLock::get) {
-            let pool = lane.pool.clone();
-            tokio::spawn(async move {
-                if let Err(e) = pool.force_reconnection().await {
-                    tracing::debug!(error = %e, "reconnecting to redis failed; fred keeps trying");
-                }
-            });
+            lane.reconnect();
         }
     }
 

@@ -54,6 +54,18 @@ pub enum ForwardError {
     ClientBodyTimeout(Duration),
 }
 
+impl ForwardError {
+    /// Whether the client broke the exchange (its body broke off or stopped arriving): no
+    /// upstream failure is logged or counted, the answer is the client's 400 or 408, and its
+    /// connection is closed.
+    pub fn clients_fault(&self) -> bool {
+        matches!(
+            self,
+            ForwardError::ClientBody(_) | ForwardError::ClientBodyTimeout(_)
+        )
+    }
+}
+
 struct Target {
     /// `host:port` as logged and counted.
     name: Arc<str>,
