@@ -901,3 +901,106 @@ fn a_204_goes_out_without_its_content_length() {
         assert!(!head.contains("content-length"), "{proto}: {head}");
     }
 }
+
+/// An upstream that answers its head with the body's first bytes, then writes `rest` one byte
+/// every `every` (none at all when `rest` is empty), holding the connection open after.
+fn dripping_upstream(head: &'static str, rest: &'static [u8], every: Duration) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut head_in = Vec::new();
+                let mut byte = [0; 1];
+                while !head_in.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    head_in.push(byte[0]);
+                }
+                let _ = conn.write_all(head.as_bytes());
+                for b in rest {
+                    std::thread::sleep(every);
+                    let _ = conn.write_all(&[*b]);
+                }
+                // Held open, silent, until the gateway closes it.
+                let _ = conn.read(&mut byte);
+            });
+        }
+    });
+    addr
+}
+
+/// An upstream that stops mid-body is cut after `timeout` without a byte (nginx's
+/// `proxy_read_timeout`, HAProxy's `timeout server`), so a stuck handler cannot hold the
+/// client, the connection and its concurrency slot forever; a body that keeps dripping
+/// (a byte every 0.3 s against a 1 s timeout, 1.5 s in all) is never cut.
+#[test]
+fn an_upstream_that_stops_mid_body_is_cut_after_its_timeout() {
+    let stuck = dripping_upstream(
+        "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf",
+        b"",
+        Duration::ZERO,
+    );
+    let dripping = dripping_upstream(
+        "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+        b"drops",
+        Duration::from_millis(300),
+    );
+    let s = Sluice::start(&format!(
+        "upstreams:
+  stuck: {{ targets: [\"http://{stuck}\"], timeout: 1s }}
+  dripping: {{ targets: [\"http://{dripping}\"], timeout: 1s }}
+routes:
+  - name: stuck
+    match: {{ path_prefix: /stuck }}
+    upstream: stuck
+    limits: [ {{ name: inflight, by: ip, algorithm: concurrency, max: 1 }} ]
+  - name: dripping
+    match: {{ path_prefix: /drip }}
+    upstream: dripping
+"
+    ));
+    // Quiet for 5 s: a gateway that waits on the body forever leaves the read timing out.
+    let ex = exchange(
+        s.addr,
+        b"GET /stuck HTTP/1.1\r\nHost: a\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(ex.closed, "still waiting on the body: {}", ex.text());
+    assert!(ex.text().starts_with("HTTP/1.1 200"), "{}", ex.text());
+    assert!(ex.text().ends_with("half"), "{}", ex.text());
+    s.wait_log(&["upstream stopped sending its answer's body"]);
+    // The slot was given back when the body failed: the next request is admitted, and cut too.
+    let ex = exchange(
+        s.addr,
+        b"GET /stuck HTTP/1.1\r\nHost: a\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(ex.text().starts_with("HTTP/1.1 200"), "{}", ex.text());
+    assert!(ex.closed, "{}", ex.text());
+    // Over HTTP/2 the stream is reset (curl: exit 92, or 18 for the short body); 28 would be
+    // curl's own timeout, a body still waited on.
+    let out = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "8",
+            "--http2-prior-knowledge",
+            "-o",
+            "/dev/null",
+        ])
+        .arg(s.url("/stuck"))
+        .output()
+        .expect("curl (apt-get install -y curl)");
+    let code = out.status.code();
+    assert!(
+        !matches!(code, Some(0) | Some(28)),
+        "{code:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ex = send(
+        &s,
+        "GET /drip HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status(&ex), 200, "{}", ex.text());
+    assert_eq!(ex.one().text(), "drops");
+}

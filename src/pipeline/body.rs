@@ -25,9 +25,9 @@ pub fn empty() -> Body {
 /// An upstream's body, streamed through.
 pub fn stream<B>(b: B) -> Body
 where
-    B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + Sync + 'static,
+    B: http_body::Body<Data = Bytes, Error = BoxError> + Send + Sync + 'static,
 {
-    b.map_err(|e| Box::new(e) as BoxError).boxed()
+    b.boxed()
 }
 
 /// `body`, holding `leases` until its end: the frame that ends it (the last data frame of a

@@ -40,6 +40,8 @@ use tokio_rustls::client::TlsStream;
 use tokio_rustls::TlsConnector;
 
 use super::{ReplayBody, Slot};
+use crate::pipeline::body::BoxError;
+use std::future::Future;
 use tokio::task::AbortHandle;
 
 /// How long an unused connection is kept (hyper-util's default, kept when the gateway moved
@@ -61,6 +63,9 @@ pub(super) enum SendError {
 /// How connections to one upstream's targets are opened.
 pub(super) struct Connector {
     pub connect_timeout: Duration,
+    /// How long an answer's body may keep the gateway waiting for its next bytes (the
+    /// upstream's `timeout`): see [`Streamed`].
+    pub read_timeout: Duration,
     /// For https upstreams.
     pub tls: Option<TlsConnector>,
 }
@@ -226,15 +231,42 @@ impl Pool {
             body,
             worker: crate::worker::index(),
         });
-        res.map(|body| Streamed { body, lent })
+        let stall = Stall {
+            after: self.connector.read_timeout,
+            timer: None,
+            waiting: false,
+        };
+        res.map(|body| Streamed { body, lent, stall })
     }
 }
 
 /// An answer's body; once it has ended and is dropped, its connection goes back to the pool.
+///
+/// An upstream that stops sending its body (a handler stuck mid-answer, a peer gone without a
+/// reset) would hold the client, the connection and any concurrency slot forever: after
+/// `timeout` without a byte while the gateway waits for one, the body fails, the client's
+/// connection is cut (HTTP/2: its stream reset) and the upstream's closed. The clock runs only
+/// while the gateway waits on the upstream, not while a slow client keeps it writing (that is
+/// `send_timeout`'s), so it is nginx's `proxy_read_timeout` and HAProxy's `timeout server`:
+/// counted between two reads, not over the whole body.
 pub struct Streamed {
     body: Incoming,
     lent: Option<Lent>,
+    stall: Stall,
 }
+
+struct Stall {
+    after: Duration,
+    /// Made at the first wait (most bodies arrive with their head and never wait).
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether the last poll found nothing: the timer runs from that poll.
+    waiting: bool,
+}
+
+/// The upstream sent no body bytes for this long while the gateway waited.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent no body bytes for {0:?}")]
+pub(super) struct Stalled(Duration);
 
 struct Lent {
     pool: Arc<Pool>,
@@ -250,13 +282,36 @@ struct Lent {
 
 impl HttpBody for Streamed {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
+            this.stall.waiting = false;
+            return Poll::Ready(frame.map(|r| r.map_err(BoxError::from)));
+        }
+        let stall = &mut this.stall;
+        if !stall.waiting {
+            stall.waiting = true;
+            let deadline = tokio::time::Instant::now() + stall.after;
+            match &mut stall.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => stall.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        let timer = stall.timer.as_mut().expect("set above");
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        tracing::warn!(
+            upstream = %self.target_name(),
+            after = ?self.stall.after,
+            "upstream stopped sending its answer's body: the answer is cut"
+        );
+        Poll::Ready(Some(Err(Box::new(Stalled(self.stall.after)))))
     }
 
     fn is_end_stream(&self) -> bool {
@@ -265,6 +320,20 @@ impl HttpBody for Streamed {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
+    }
+}
+
+impl Streamed {
+    /// The target answering, `host:port`, for the log.
+    fn target_name(&self) -> String {
+        let Some(lent) = &self.lent else {
+            return "-".into();
+        };
+        let dest = &lent.pool.targets[lent.target].0;
+        match dest.host.contains(':') {
+            true => format!("[{}]:{}", dest.host, dest.port),
+            false => format!("{}:{}", dest.host, dest.port),
+        }
     }
 }
 
