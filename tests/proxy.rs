@@ -215,6 +215,52 @@ fn a_client_cannot_name_its_own_address_to_the_upstream() {
     }
 }
 
+/// Behind a trusted proxy, the client is the rightmost untrusted hop the proxy wrote, however
+/// the client dressed up what came before it (raw bytes, one connection each):
+/// - a byte that is not ASCII in the client's own `X-Forwarded-For` entry (the proxy appends
+///   to it) spoils that entry only, where it used to make the proxy the client: one bucket
+///   shared by everyone behind it, and the upstream told the proxy's address;
+/// - a `for=` inside a quoted `Forwarded` value (RFC 7239 §4) is text, not an address: a
+///   client choosing it would choose its own rate-limit key.
+#[test]
+fn a_trusted_proxys_hops_are_read_past_what_the_client_wrote() {
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "client_ip: {{ trusted_proxies: [127.0.0.1/32] }}
+upstreams: {{ up: {{ targets: [{}] }} }}
+routes:
+  - name: all
+    match: {{ path_prefix: / }}
+    upstream: up
+    limits: [ {{ name: per-ip, by: ip, algorithm: fixed_window, rate: 1/1h, headers: false }} ]
+",
+        up.url()
+    ));
+    let one = |raw: &[u8]| {
+        let ex = support::raw::exchange(s.addr, raw, Duration::from_millis(1500));
+        let r = ex.one();
+        (r.status, (r.status == 200).then(|| r.json()))
+    };
+    let (status, echo) = one(
+        b"GET /echo HTTP/1.1\r\nHost: a\r\nX-Forwarded-For: caf\xe9, 203.0.113.50\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(echo.unwrap()["headers"]["x-real-ip"][0], "203.0.113.50");
+    // The proxy's own address kept its quota: another client's request behind it passes.
+    let (status, _) = one(b"GET /echo HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n");
+    assert_eq!(status, 200, "the proxy's own bucket was charged");
+    let (status, echo) = one(
+        b"GET /echo HTTP/1.1\r\nHost: a\r\nForwarded: proto=http;host=\"x;for=9.9.8.1\";for=\"5.5.5.5:1234\"\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(echo.unwrap()["headers"]["x-real-ip"][0], "5.5.5.5");
+    // A fresh quoted address buys nothing: it is still 5.5.5.5's one request an hour.
+    let (status, _) = one(
+        b"GET /echo HTTP/1.1\r\nHost: a\r\nForwarded: proto=http;host=\"x;for=9.9.8.2\";for=\"5.5.5.5:1234\"\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 429);
+}
+
 #[tokio::test]
 async fn h2c_prior_knowledge() {
     let up = Upstream::start();

@@ -23,15 +23,18 @@ impl ClientIpRules {
         if !self.is_trusted(peer) {
             return peer;
         }
+        // Read as bytes: a byte that is not ASCII spoils its own entry, not the entries the
+        // proxies appended after it (nginx appends the peer to whatever the client sent).
         let mut hops: Vec<Option<IpAddr>> = Vec::new();
         for v in headers.get_all("x-forwarded-for") {
-            let Ok(v) = v.to_str() else { return peer };
-            hops.extend(v.split(',').map(|h| parse_hop(h.trim())));
+            hops.extend(v.as_bytes().split(|&b| b == b',').map(|h| {
+                let h = std::str::from_utf8(h).ok()?;
+                parse_hop(h.trim())
+            }));
         }
         if hops.is_empty() {
             for v in headers.get_all("forwarded") {
-                let Ok(v) = v.to_str() else { return peer };
-                hops.extend(forwarded_for(v));
+                forwarded_for(v.as_bytes(), &mut hops);
             }
         }
         let mut client = peer;
@@ -64,17 +67,79 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
         .and_then(|r| r.parse().ok())
 }
 
-/// The `for=` values of a `Forwarded` header (RFC 7239 §4), in order; `unknown` and
-/// obfuscated identifiers are not addresses.
-fn forwarded_for(v: &str) -> impl Iterator<Item = Option<IpAddr>> + '_ {
-    v.split(',').filter_map(|elem| {
-        elem.split(';').find_map(|pair| {
-            let (k, val) = pair.trim().split_once('=')?;
-            k.trim()
-                .eq_ignore_ascii_case("for")
-                .then(|| parse_hop(val.trim()))
-        })
-    })
+/// The `for=` values of a `Forwarded` field (RFC 7239 §4), one per element that has one, in
+/// order, into `hops`; `unknown` and obfuscated identifiers are not addresses. Elements and
+/// pairs are split outside quoted strings, so `host="a,for=9.9.9.9"` is one pair whose quoted
+/// text names nobody. An element that does not parse (an unclosed quote, a pair without `=`,
+/// `for` twice, a byte that is not ASCII) is a malformed hop, which stops the walk there.
+fn forwarded_for(v: &[u8], hops: &mut Vec<Option<IpAddr>>) {
+    let Some(elements) = split_unquoted(v, b',') else {
+        // Where the unclosed quote began, nothing to its right can be told apart.
+        hops.push(None);
+        return;
+    };
+    for elem in elements {
+        if let Some(hop) = element_for(elem) {
+            hops.push(hop);
+        }
+    }
+}
+
+/// One element's `for=` address: `None` without one, `Some(None)` if malformed.
+fn element_for(elem: &[u8]) -> Option<Option<IpAddr>> {
+    let mut found = None;
+    for pair in split_unquoted(elem, b';').expect("its element's quotes are closed") {
+        let pair = pair.trim_ascii();
+        if pair.is_empty() {
+            continue;
+        }
+        let Some(eq) = pair.iter().position(|&b| b == b'=') else {
+            return Some(None);
+        };
+        if !pair[..eq].trim_ascii().eq_ignore_ascii_case(b"for") {
+            continue;
+        }
+        if found.is_some() {
+            return Some(None);
+        }
+        found = Some(unquote(pair[eq + 1..].trim_ascii()).and_then(|v| parse_hop(&v)));
+    }
+    found
+}
+
+/// `s` split at each `sep` outside a quoted string (RFC 9110 §5.6.4: `\` escapes the next
+/// byte inside one); `None` if a quote is left open.
+fn split_unquoted(s: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
+    let mut parts = Vec::new();
+    let (mut start, mut quoted, mut escaped) = (0, false, false);
+    for (i, &b) in s.iter().enumerate() {
+        match b {
+            _ if escaped => escaped = false,
+            b'\\' if quoted => escaped = true,
+            b'"' => quoted = !quoted,
+            _ if b == sep && !quoted => {
+                parts.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&s[start..]);
+    (!quoted).then_some(parts)
+}
+
+/// A value as a token or a quoted string, its escapes undone; `None` if it is not ASCII.
+fn unquote(v: &[u8]) -> Option<String> {
+    let v = std::str::from_utf8(v).ok().filter(|v| v.is_ascii())?;
+    let Some(inner) = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
+        return Some(v.to_owned());
+    };
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        out.push(if c == '\\' { chars.next()? } else { c });
+    }
+    Some(out)
 }
 
 /// An identity the request gives more than one value for. The gateway would count one while
@@ -444,6 +509,65 @@ mod tests {
         // X-Forwarded-For wins when both are present.
         let hdr = h(&[("forwarded", "for=9.9.9.9"), ("x-forwarded-for", "1.2.3.4")]);
         assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("1.2.3.4"));
+    }
+
+    /// A byte that is not ASCII spoils its own entry only: the hops a proxy appended after a
+    /// client's `X-Forwarded-For: café` (nginx's `$proxy_add_x_forwarded_for`) still count,
+    /// where the whole field used to be dropped and the proxy's own address taken.
+    #[test]
+    fn a_non_ascii_entry_spoils_only_itself() {
+        let r = rules(&["127.0.0.1/32"]);
+        let mut hdr = HeaderMap::new();
+        let v = HeaderValue::from_bytes(b"caf\xe9, 203.0.113.50").unwrap();
+        hdr.append("x-forwarded-for", v);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("203.0.113.50"));
+        let mut hdr = HeaderMap::new();
+        hdr.append(
+            "x-forwarded-for",
+            HeaderValue::from_bytes(b"caf\xe9").unwrap(),
+        );
+        hdr.append("x-forwarded-for", HeaderValue::from_static("203.0.113.51"));
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("203.0.113.51"));
+        let mut hdr = HeaderMap::new();
+        let v = HeaderValue::from_bytes(b"for=\"caf\xe9\", for=203.0.113.61").unwrap();
+        hdr.append("forwarded", v);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("203.0.113.61"));
+        // The non-ASCII entry itself is still a malformed hop: the walk stops there.
+        let r = rules(&["127.0.0.1/32", "10.0.0.0/8"]);
+        let mut hdr = HeaderMap::new();
+        let v = HeaderValue::from_bytes(b"6.6.6.6, caf\xe9, 10.0.0.2").unwrap();
+        hdr.append("x-forwarded-for", v);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("10.0.0.2"));
+    }
+
+    /// RFC 7239 §4: a value may be a quoted string, and a `,` or `;` inside one separates
+    /// nothing. A client-chosen `host="x;for=9.9.9.9"` (Spring Cloud Gateway quotes the
+    /// client's Host there) must not name a client.
+    #[test]
+    fn forwarded_quoted_strings_hide_no_pairs() {
+        let r = rules(&["127.0.0.1/32"]);
+        for v in [
+            r#"proto=http;host="x;for=9.9.8.1";for="5.5.5.5:1234""#,
+            r#"for=5.5.5.5;host="a,for=9.9.9.1""#,
+            r#"for=5.5.5.5;by="_x,for=9.9.7.1""#,
+            r#"for=5.5.5.5;host="a\",for=9.9.6.1""#,
+        ] {
+            let hdr = h(&[("forwarded", v)]);
+            assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("5.5.5.5"), "{v}");
+        }
+        // Malformed: an unclosed quote, a pair without `=`, `for` twice in one element. The
+        // walk stops at them (the proxy is the client), whatever the element holds.
+        for v in [
+            r#"for=5.5.5.5;host="a,for=9.9.9.2"#,
+            "for=5.5.5.5;junk",
+            "for=5.5.5.5;for=9.9.9.3",
+        ] {
+            let hdr = h(&[("forwarded", v)]);
+            assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("127.0.0.1"), "{v}");
+        }
+        // Elements without `for` are passed over; escapes in a quoted `for` are undone.
+        let hdr = h(&[("forwarded", r#"for="\5.5.5.6", proto=https"#)]);
+        assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("5.5.5.6"));
     }
 
     #[test]
