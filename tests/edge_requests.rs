@@ -160,8 +160,9 @@ fn an_api_key_given_twice_is_refused() {
 /// A key in the query is read as the upstream reads it, and held to a header value's rules.
 /// A control byte cannot spell the `on_missing: ip` namespace of another client's address
 /// (`%01ip%00<address>` used up that address's keyless quota); `K%20` is `K` (an upstream
-/// trims it); and `api.key`, `api+key`, `api[key` (PHP's `api_key`) and a `;`-separated
-/// `api_key` (Rack 2's) are the key, so none of them hides the real key behind a fresh one.
+/// trims it); and `api.key`, `api+key`, `api[key` (PHP's `api_key`), a `;`-separated
+/// `api_key` (Rack 2's), `api_key[]` (PHP's and Rack's list) and `API_KEY` (ASP.NET Core's
+/// names have no case) are the key, so none of them hides the real key behind a fresh one.
 #[test]
 fn a_query_key_is_read_as_the_upstream_reads_it() {
     let up = Upstream::start();
@@ -200,6 +201,9 @@ fn a_query_key_is_read_as_the_upstream_reads_it() {
         "/x?api+key=REAL",
         "/x?api[key=REAL",
         "/x?a=1;api_key=REAL",
+        "/x?api_key[]=REAL",
+        "/x?api_key%5B0%5D=REAL",
+        "/x?API_KEY=REAL",
     ] {
         let (st, text) = get(target, "");
         assert_eq!(st, 429, "{target}: {text}");
@@ -208,6 +212,8 @@ fn a_query_key_is_read_as_the_upstream_reads_it() {
         "/x?api_key=fresh1&api.key=REAL",
         "/x?api_key=fresh2;api_key=REAL",
         "/x?api_key=fresh3&api[key=REAL",
+        "/x?api_key=fresh4&api_key[]=REAL",
+        "/x?api_key=fresh5&Api_Key=REAL",
     ] {
         let (st, text) = get(target, "");
         assert_eq!(st, 400, "{target}: {text}");

@@ -210,7 +210,7 @@ impl IdentitySources {
 fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
     // Most queries cannot name it at all: one scan, nothing decoded or allocated.
     let stem = name.split(['_', ' ', '.', '[']).next().unwrap_or(name);
-    if !stem.is_empty() && !query.contains(stem) && !query.contains(['%', '+']) {
+    if !stem.is_empty() && !contains_ignoring_case(query, stem) && !query.contains(['%', '+']) {
         return Ok(None);
     }
     let mut found: Option<String> = None;
@@ -236,9 +236,11 @@ fn query_value(query: &str, name: &str) -> Result<Option<String>, Ambiguous> {
 /// What PHP reads as `_` in a parameter's name.
 const PHP_UNDERSCORES: [char; 3] = [' ', '.', '['];
 
-/// Whether the parameter name `k`, as sent, names `name` as an upstream may read it: decoded,
-/// and as PHP reads names (leading spaces dropped; a space, `.` or `[` read as `_`), so that
-/// `api.key=`, `api+key=` and `api[key=` are `$_GET['api_key']`.
+/// Whether the parameter name `k`, as sent, names `name` as an upstream may read it: decoded;
+/// as PHP reads names (leading spaces dropped; a space, `.` or `[` read as `_`), so that
+/// `api.key=`, `api+key=` and `api[key=` are `$_GET['api_key']`; as an array (`api_key[]=`,
+/// `api_key[0]=`: PHP and Rack make `api_key` a list holding the value, and a lookup by a list
+/// still finds the key); and in any case (ASP.NET Core reads names so).
 fn names(k: &str, name: &str) -> bool {
     let decoded;
     let k = if k.contains(['%', '+']) {
@@ -249,7 +251,22 @@ fn names(k: &str, name: &str) -> bool {
     };
     let php = |c: char| if PHP_UNDERSCORES.contains(&c) { '_' } else { c };
     let k = k.trim_start_matches(' ');
-    k.len() == name.len() && k.chars().map(php).eq(name.chars().map(php))
+    let k = match k.find('[') {
+        Some(i) if k[i..].contains(']') => &k[..i],
+        _ => k,
+    };
+    k.len() == name.len()
+        && k.chars()
+            .map(php)
+            .zip(name.chars().map(php))
+            .all(|(a, b)| a.eq_ignore_ascii_case(&b))
+}
+
+/// Whether `hay` holds `needle`, ASCII letters in either case.
+fn contains_ignoring_case(hay: &str, needle: &str) -> bool {
+    hay.as_bytes()
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
 }
 
 /// A header's one value, trimmed; a missing, empty or non-visible-ASCII value is none, and
@@ -645,9 +662,10 @@ mod tests {
         );
     }
 
-    /// PHP reads `api.key`, `api+key` and `api[key` as `api_key`, and Rack 2 splits on `;`:
-    /// each of them names the key here too (alone, it is the key; beside another value, the
-    /// request is ambiguous).
+    /// PHP reads `api.key`, `api+key` and `api[key` as `api_key`, PHP and Rack read
+    /// `api_key[]` as a list holding the key, ASP.NET Core reads `API_KEY` as `api_key`, and
+    /// Rack 2 splits on `;`: each of them names the key here too (alone, it is the key;
+    /// beside another value, the request is ambiguous).
     #[test]
     fn a_query_key_is_named_as_upstreams_read_names() {
         let s = sources();
@@ -658,6 +676,13 @@ mod tests {
             "api%20key=K",
             "api[key=K",
             "a=1;api_key=K",
+            "api_key[]=K",
+            "api_key%5B%5D=K",
+            "api_key[0]=K",
+            "api.key[x][y]=K",
+            "API_KEY=K",
+            "Api_Key=K",
+            "API%5FKEY=K",
         ] {
             assert_eq!(key(q), Ok(Some("K".into())), "{q}");
         }
@@ -667,6 +692,9 @@ mod tests {
             "api_key=junk;api_key=K",
             "api_key=junk&api[key=K",
             "api_key=junk&+api_key=K",
+            "api_key=junk&api_key[]=K",
+            "api_key[]=junk&api_key[]=K",
+            "api_key=junk&API_KEY=K",
         ] {
             assert_eq!(key(q), twice, "{q}");
         }
@@ -676,6 +704,8 @@ mod tests {
             "api_keys=K",
             "xapi_key=K",
             "api__key=K",
+            "api_key]=K",
+            "api[]_key=K",
         ] {
             assert_eq!(key(q), Ok(None), "{q}");
         }
