@@ -257,13 +257,7 @@ fn summary(path: &std::path::Path, loaded: &Loaded) -> String {
             .unwrap_or_default();
         let _ = writeln!(s, "  {:<20} {methods}{path} -> {}", r.name, fr.upstream);
         for l in &fr.limits {
-            let by = match &l.by {
-                serde_yaml::Value::String(b) => b.clone(),
-                v => serde_yaml::to_string(v)
-                    .unwrap_or_default()
-                    .trim()
-                    .replace('\n', " "),
-            };
+            let by = flow(&l.by);
             let burst = l.burst.map(|b| format!(" burst {b}")).unwrap_or_default();
             let shadow = if l.shadow { " (shadow)" } else { "" };
             let _ = writeln!(
@@ -308,4 +302,21 @@ fn init_logging(format: Option<LogFormat>) -> sluice::telemetry::logging::Buffer
         None => !terminal,
     };
     sluice::telemetry::logging::init(json, terminal && !json)
+}
+
+/// A `by` on one line, as flow style writes it: `ip`, `[ip, api_key]`.
+fn flow(v: &serde_yaml::Value) -> String {
+    match v {
+        serde_yaml::Value::Sequence(items) => {
+            format!(
+                "[{}]",
+                items.iter().map(flow).collect::<Vec<_>>().join(", ")
+            )
+        }
+        serde_yaml::Value::String(s) => s.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .replace('\n', " "),
+    }
 }

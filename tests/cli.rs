@@ -70,6 +70,12 @@ fn valid_config_prints_summary_and_exits_0() {
     assert!(out.contains("store memory"), "{out}");
     assert!(out.contains("POST path /auth/login"), "{out}");
 
+    // A composite key on one line, as flow style writes it.
+    let composite = OK.replace("by: ip", "by: [ip, \"header:X-Tenant\"]");
+    let (code, out, err, _) = check(&composite);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("by [ip, header:X-Tenant]"), "{out}");
+
     // The methods as matched: `GET` brings `HEAD`.
     let (code, out, err, _) = check(&OK.replace("[POST]", "[get]"));
     assert_eq!(code, 0, "{err}");

@@ -128,6 +128,10 @@ async fn tiers_and_quotas(store: &str) {
         .await
         .json();
     assert_eq!(doc["plan"], "free");
+    // A name is percent-decoded, as route and limit names are.
+    let encoded = get(&c, &s.admin_url("/admin/consumers/%74inkerer"), &[]).await;
+    assert_eq!(encoded.status, 200, "{}", encoded.text());
+    assert_eq!(encoded.json()["name"], "tinkerer");
     let monthly = doc["limits"]
         .as_array()
         .unwrap()

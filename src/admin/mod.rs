@@ -117,9 +117,10 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
             Method::POST => reload_now(gw).await,
             _ => method_not_allowed("POST"),
         },
+        // Percent-decoded as route and limit names are: a client's `%64emo` is `demo`.
         ["consumers", name] => match method {
-            Method::GET | Method::HEAD => consumers::peek(&gw, name).await,
-            Method::DELETE => consumers::reset(&gw, name).await,
+            Method::GET | Method::HEAD => consumers::peek(&gw, &percent_decode(name)).await,
+            Method::DELETE => consumers::reset(&gw, &percent_decode(name)).await,
             _ => method_not_allowed("GET, HEAD, DELETE"),
         },
         // A plan's limit is named `plan/limit`: two segments, or one with `%2F`.
