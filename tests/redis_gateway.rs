@@ -1574,3 +1574,98 @@ async fn redis_counters_survive_a_rate_edit() {
         [times(200, 5), times(429, 1)].concat()
     );
 }
+
+/// An upstream that reads each request's head, waits `after`, then writes `answer` (empty:
+/// writes nothing) and closes.
+fn late_upstream(after: Duration, answer: &'static str) -> std::net::SocketAddr {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let (mut head, mut byte) = (Vec::new(), [0; 1]);
+                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                std::thread::sleep(after);
+                let _ = conn.write_all(answer.as_bytes());
+            });
+        }
+    });
+    addr
+}
+
+/// A client that leaves while its settling call waits behind a busy Redis connection still
+/// pays and frees: the release of a 502's concurrency slot and the charge of an answer's
+/// `X-Tokens-Used` run on their own task. They were awaited in the request's future, which
+/// hyper drops when the client leaves, and a queued call whose caller is gone is never sent:
+/// the slot stayed taken until its lease ran out (`max: 1` refused everyone for 30 s), and
+/// the answer was free.
+///
+/// Each round: A is admitted; Redis is paused (`CLIENT PAUSE`) and B's decision call waits in
+/// it on the gateway's one connection; A's upstream then answers (or fails), so A's settling
+/// call queues behind B's; A resets its connection; the pause ends.
+#[tokio::test]
+async fn a_client_that_leaves_while_its_settling_call_waits_still_pays_and_frees() {
+    use std::io::Write;
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let failing = late_upstream(Duration::from_millis(1000), "");
+    let answering = late_upstream(
+        Duration::from_millis(1000),
+        "HTTP/1.1 200 OK\r\nX-Tokens-Used: 50\r\nContent-Length: 2\r\n\r\nok",
+    );
+    let s = Sluice::start(&format!(
+        "workers: 1
+store:
+  kind: redis
+  redis: {}
+  on_error: deny
+upstreams:
+  up: {{ targets: [{}] }}
+  failing: {{ targets: [\"http://{failing}\"] }}
+  answering: {{ targets: [\"http://{answering}\"] }}
+routes:
+  - name: conc
+    match: {{ path_prefix: /conc }}
+    upstream: failing
+    limits: [ {{ name: inflight, by: route, algorithm: concurrency, max: 1, lease: 30s }} ]
+  - name: tok
+    match: {{ path_prefix: /tok }}
+    upstream: answering
+    limits: [ {{ name: tokens, by: route, algorithm: token_bucket, rate: 100/1h, cost: {{ response_header: X-Tokens-Used, default: 5, max: 50 }} }} ]
+  - name: other
+    match: {{ path_prefix: /other }}
+    upstream: up
+    limits: [ {{ name: r, by: route, algorithm: fixed_window, rate: 1000/1h }} ]
+",
+        standalone(&redis, "5s", 1),
+        up.url()
+    ));
+    let c = client();
+    wait_store(&c, &s).await;
+    for path in ["/conc", "/tok"] {
+        let mut a = std::net::TcpStream::connect(s.addr).unwrap();
+        a.write_all(format!("GET {path} HTTP/1.1\r\nHost: a\r\n\r\n").as_bytes())
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        redis.conn().cmd_ok(&["CLIENT", "PAUSE", "2500", "ALL"]);
+        // B's decision call, held in Redis by the pause.
+        let b = tokio::spawn({
+            let (c, url) = (c.clone(), s.url("/other"));
+            async move { get(&c, &url, &[]).await.status.as_u16() }
+        });
+        // A's upstream answers at +1 s; A leaves at +1.5 s, its settling call still queued.
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        drop(a);
+        assert_eq!(b.await.unwrap(), 200, "{}", log_of(&s));
+    }
+    // The answer's 50 tokens were charged.
+    let left = peek_remaining(&c, &s, "tok", "tokens", None).await;
+    assert_eq!(left, 50, "{}", log_of(&s));
+    // The slot is free again: the next request is admitted (and its upstream fails: 502).
+    let next = hit(&c, &s, "/conc", "10.0.0.1").await;
+    assert_eq!(next.status, 502, "{}", next.text());
+}

@@ -93,15 +93,23 @@ impl Owed {
     ) -> Vec<(usize, Decision)> {
         self.settled = true;
         let (which, calls) = self.bill(status, headers);
-        charge(
-            &self.store,
-            &self.metrics,
-            &self.live,
+        if calls.is_empty() {
+            return Vec::new();
+        }
+        let (store, metrics, live, route) = (
+            self.store.clone(),
+            self.metrics.clone(),
+            self.live.clone(),
             self.route,
-            which,
-            calls,
-        )
-        .await
+        );
+        let charging = async move { charge(&store, &metrics, &live, route, which, calls).await };
+        if matches!(self.store, Store::Memory(_)) {
+            return charging.await;
+        }
+        // On its own task: a client that leaves now drops this future, and a store call
+        // whose caller is gone is never sent (a queued decision must not run for nobody).
+        // The charge must be made all the same.
+        counted(charging).await.unwrap_or_default()
     }
 
     /// The charge calls: cost by the answer, nothing for limits it does not concern.
@@ -265,7 +273,9 @@ impl Leases {
     /// free themselves when their lease runs out). Bounded by the store's timeout.
     pub async fn release(mut self: Box<Self>) {
         if let Some(release) = self.release_now() {
-            release.await
+            // On its own task, as [`Owed::settle`]'s charge: the release must not go with
+            // a client that leaves while it waits.
+            let _ = counted(release).await;
         }
     }
 
@@ -396,13 +406,14 @@ fn spawn(fut: impl std::future::Future<Output = ()> + Send + 'static) {
 }
 
 /// Spawn a settling call on the current runtime, counted in [`settled`] until it ends.
-pub fn counted(
-    fut: impl std::future::Future<Output = ()> + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
+pub fn counted<T: Send + 'static>(
+    fut: impl std::future::Future<Output = T> + Send + 'static,
+) -> tokio::task::JoinHandle<T> {
     let pending = Pending::new();
     tokio::spawn(async move {
-        fut.await;
+        let out = fut.await;
         drop(pending);
+        out
     })
 }
 
