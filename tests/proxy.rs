@@ -723,6 +723,41 @@ async fn websocket_upgrade_passes_through() {
     }
 }
 
+/// A tunnel with no byte either way for the upstream's `timeout` (1 s here) is closed, as
+/// nginx closes one after `proxy_read_timeout`: a client that upgrades and goes silent would
+/// otherwise hold both sockets, and any concurrency slot, until the process stops. One that
+/// keeps talking (a frame every 0.4 s for 2 s) is never cut.
+#[test]
+fn an_idle_tunnel_is_closed_after_the_upstreams_timeout() {
+    let up = Upstream::start();
+    let s = Sluice::start(&plain(&up));
+    let mut st = TcpStream::connect(s.addr).unwrap();
+    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        st.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    for _ in 0..5 {
+        std::thread::sleep(Duration::from_millis(400));
+        st.write_all(b"ping").unwrap();
+        let mut back = [0u8; 4];
+        st.read_exact(&mut back)
+            .expect("a talking tunnel stays open");
+        assert_eq!(&back, b"ping");
+    }
+    // Silent now: the gateway closes it (EOF), well before the 10 s read timeout.
+    let mut rest = Vec::new();
+    let read = st.read_to_end(&mut rest);
+    assert!(
+        matches!(read, Ok(0)),
+        "the idle tunnel was not closed: {read:?}"
+    );
+}
+
 #[tokio::test]
 async fn slow_client_headers_are_cut_off() {
     let up = Upstream::start();

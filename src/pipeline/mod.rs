@@ -22,6 +22,7 @@ pub mod identify;
 pub mod live;
 pub mod respond;
 pub mod settle;
+pub mod tunnel;
 pub mod upstream;
 
 use std::borrow::Cow;
@@ -32,7 +33,6 @@ use arc_swap::ArcSwap;
 use http::header::{CONTENT_LENGTH, HOST};
 use http::{Request, Response, StatusCode, Uri, Version};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 
 use crate::model::consumer::PlanOf;
 use crate::model::limit::Charge;
@@ -445,38 +445,12 @@ impl Gateway {
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
         match (switching, client_upgrade) {
             (true, Some(client)) => {
-                let upstream = hyper::upgrade::on(&mut res);
-                // The tunnel is the request in flight: its concurrency slots are held until it
-                // closes (nginx's `limit_conn` counts an upgraded connection for its life),
-                // not freed with the 101's empty body.
+                // The tunnel is the request in flight: its concurrency slots go with it, not
+                // with the 101's empty body.
+                let idle = upstream.spec().timeout;
                 let leases = ctx.leases.take();
-                // Its listener's drain waits for it, and its deadline closes it.
-                let mut drain = ctx.conn.drain.clone();
-                tokio::spawn(async move {
-                    let tunnel = async {
-                        if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
-                            let _ = tokio::io::copy_bidirectional(
-                                &mut TokioIo::new(c),
-                                &mut TokioIo::new(u),
-                            )
-                            .await;
-                        }
-                    };
-                    let cut = async {
-                        match &mut drain {
-                            Some(d) => {
-                                let _ = d.wait_for(|p| *p == context::Phase::Cut).await;
-                            }
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        () = tunnel => {}
-                        () = cut => {}
-                    }
-                    drop(leases);
-                    drop(drain);
-                });
+                let drain = ctx.conn.drain.clone();
+                tunnel::spawn(client, hyper::upgrade::on(&mut res), idle, leases, drain);
             }
             // RFC 9110 §15.2.2: a server MUST NOT switch to a protocol the client did not ask
             // for; the client would be left reading what it cannot.

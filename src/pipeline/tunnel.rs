@@ -1,0 +1,123 @@
+//! An upgraded connection (a `101 Switching Protocols`, WebSocket's): once both sides have
+//! switched, bytes are copied both ways until either closes, the tunnel stays idle for the
+//! upstream's `timeout`, or the listener's drain deadline cuts it.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::upgrade::OnUpgrade;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
+
+use super::context::{Drain, Phase};
+use super::settle::Leases;
+
+/// Run the tunnel on its own task. It holds `leases` (its concurrency slots: nginx's
+/// `limit_conn` counts an upgraded connection for its life) and `drain` (its listener's drain
+/// waits for it) until it ends.
+///
+/// Idle means no byte either way for `idle`: a client (or upstream) that opens a tunnel and
+/// goes silent would otherwise hold both sockets and any slot until the process stops. As
+/// nginx cuts a tunnel after `proxy_read_timeout` without a read, so the upstream's
+/// `timeout` here; an application whose tunnels rest longer sends pings (WebSocket's are
+/// bytes like any other) or has a longer `timeout`.
+pub fn spawn(
+    client: OnUpgrade,
+    upstream: OnUpgrade,
+    idle: Duration,
+    leases: Option<Box<Leases>>,
+    mut drain: Option<Drain>,
+) {
+    tokio::spawn(async move {
+        let moved = Arc::new(AtomicU64::new(0));
+        let born = Instant::now();
+        let tunnel = async {
+            if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
+                let mut c = Watched::new(TokioIo::new(c), &moved, born);
+                let mut u = Watched::new(TokioIo::new(u), &moved, born);
+                let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
+            }
+        };
+        let cut = async {
+            match &mut drain {
+                Some(d) => {
+                    let _ = d.wait_for(|p| *p == Phase::Cut).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        let quiet = async {
+            loop {
+                let last = born + Duration::from_millis(moved.load(Ordering::Relaxed));
+                if last + idle <= Instant::now() {
+                    return;
+                }
+                tokio::time::sleep_until(last + idle).await;
+            }
+        };
+        tokio::select! {
+            () = tunnel => {}
+            () = cut => {}
+            () = quiet => tracing::debug!(?idle, "an upgraded connection idle for its timeout is closed"),
+        }
+        drop(leases);
+        drop(drain);
+    });
+}
+
+/// One side of the tunnel: each read that brings bytes stamps `moved` (milliseconds since
+/// `born`), so the idle clock restarts whichever way bytes go.
+struct Watched<T> {
+    io: T,
+    moved: Arc<AtomicU64>,
+    born: Instant,
+}
+
+impl<T> Watched<T> {
+    fn new(io: T, moved: &Arc<AtomicU64>, born: Instant) -> Watched<T> {
+        Watched {
+            io,
+            moved: moved.clone(),
+            born,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let ms = self.born.elapsed().as_millis() as u64;
+            self.moved.store(ms, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
