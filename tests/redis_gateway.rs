@@ -1070,6 +1070,63 @@ async fn a_timed_out_concurrency_decision_leaves_no_slot_held() {
     );
 }
 
+/// The same under `on_error: local` when the embedded store refuses the request: the timed-out
+/// Redis decision still takes its slot when Redis wakes, and the gateway frees it (it did
+/// only for requests the embedded store admitted, so one refusal locked the key in Redis for
+/// the whole lease).
+#[tokio::test]
+async fn a_timed_out_concurrency_decision_refused_locally_leaves_no_slot_held() {
+    let redis = RedisServer::start();
+    let up = Upstream::start();
+    let yaml = format!(
+        "workers: 1\n{}",
+        config(
+            &standalone(&redis, "50ms", 1),
+            "local",
+            &up,
+            &[route(
+                "slow",
+                "",
+                &["{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }"],
+            )],
+        )
+    );
+    let s = Sluice::start(&yaml);
+    let c = client();
+    wait_store(&c, &s).await;
+    let ip = "10.3.0.2";
+    let port = redis.port;
+    let sleeper =
+        tokio::task::spawn_blocking(move || Conn::connect(port).cmd(&["DEBUG", "SLEEP", "0.6"]));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Admitted by the embedded store, and held 1.5 s; the next refused by it.
+    let first = tokio::spawn({
+        let (c, url) = (c.clone(), s.url("/slow?ms=1500"));
+        async move {
+            get(&c, &url, &[("x-forwarded-for", "10.3.0.2")])
+                .await
+                .status
+                .as_u16()
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = hit(&c, &s, "/slow?ms=1", ip).await;
+    assert_eq!(second.status, 429, "{}", log_of(&s));
+    assert_eq!(sleeper.await.unwrap().as_str(), "OK");
+    assert_eq!(first.await.unwrap(), 200);
+    // Both decisions ran when Redis woke; the releases after them (the second 1 s later)
+    // free both slots.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let members = redis.conn().cmd(&["KEYS", "*"]);
+    let third = hit(&c, &s, "/slow?ms=1", ip).await;
+    assert_eq!(
+        third.status,
+        200,
+        "a slot the locally refused decision took is still held (keys {members:?})\n{}",
+        log_of(&s)
+    );
+}
+
 /// Redis answering every decision with an error (out of memory under `noeviction`): the
 /// breaker stays closed (Redis answers), each route follows its policy, the errors count as
 /// `script`, and the log names the cause; limiting resumes once Redis accepts writes again.

@@ -435,6 +435,11 @@ pub async fn decide(
     if let Some((i, d)) = refused {
         // A hidden limit (`headers: false`) still gives its Retry-After, but no fields.
         adm.headline = route.limits[i].headers.then_some((i, d));
+        // Refused by the embedded store after Redis failed: the failed call's slots are
+        // still freed in Redis, as on any other failure.
+        if !orphans.is_empty() {
+            adm.after = Some(Box::new(After::new(id, local, orphans)));
+        }
         return (adm, refuse(refusals, i, d));
     }
     adm.headline = tightest;
