@@ -70,14 +70,14 @@ pub(super) async fn state(
 }
 
 /// Reset one key in the store, and wherever this gateway keeps a copy of its decisions.
+/// The copies go first: while Redis is down, the embedded store is the one `on_error: local`
+/// decides with, and its reset must not wait on (or fail with) Redis's.
 pub(super) async fn reset_key(gw: &Gateway, key: &str) -> Result<(), StoreError> {
-    gw.store.reset(key).await?;
-    // `on_error: local` may have decided this key in the embedded store meanwhile.
     gw.local.reset(key);
     if let Some(deny) = &gw.deny {
         deny.forget(key);
     }
-    Ok(())
+    gw.store.reset(key).await
 }
 
 pub(crate) async fn reset(
