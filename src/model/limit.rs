@@ -54,7 +54,8 @@ pub enum AnswerCost {
     Static(u64),
     /// The integer the upstream puts in `name`, clamped to `0..=max` (a negative one is 0,
     /// one too large for any integer type is `max`); `default` when it is absent or not an
-    /// integer, and when there is no answer at all. Of several lines, the largest: the
+    /// integer, and when there is no answer at all. Of several values (lines, or items of
+    /// one comma-separated line), the largest: the
     /// gateway cannot tell which one the upstream meant, and charging less than it may have
     /// used is the way around the limit.
     ResponseHeader {
@@ -72,7 +73,10 @@ impl AnswerCost {
             AnswerCost::ResponseHeader { name, default, max } => headers
                 .into_iter()
                 .flat_map(|h| h.get_all(name))
-                .filter_map(|v| clamped(v.to_str().ok()?.trim(), *max))
+                .filter_map(|v| v.to_str().ok())
+                // One line listing values is the same field as one line each (RFC 9110 §5.3).
+                .flat_map(|v| v.split(','))
+                .filter_map(|v| clamped(v.trim(), *max))
                 .max()
                 .unwrap_or(*default),
         }
@@ -191,6 +195,12 @@ mod tests {
         two.append("x-tokens-used", "9".parse().unwrap());
         two.append("x-tokens-used", "junk".parse().unwrap());
         assert_eq!(cost.of(Some(&two)), 9, "the largest of several lines");
+        // RFC 9110 §5.3: one line listing values is those lines. It was read as one value,
+        // not an integer, so charged the default (free under `default: 0`).
+        assert_eq!(with("30, 40"), 40);
+        assert_eq!(with("40,40"), 40);
+        assert_eq!(with("junk, 12"), 12);
+        assert_eq!(with("a,b"), 7);
         assert_eq!(cost.of(Some(&http::HeaderMap::new())), 7);
         assert_eq!(cost.of(None), 7);
         assert_eq!(AnswerCost::Static(3).of(None), 3);
