@@ -2,28 +2,68 @@
 -- admit iff debt + cost·I <= C·I; then TAT = now + debt + cost·I, which is also its TTL.
 -- Same decisions as token_bucket with the same C and I. Twin of src/algo/gcra.rs.
 -- A charge after the answer may push the TAT up to 2·C·I ahead (debt waited out).
+--
+-- The TAT is time owed; the interval it was written with is kept beside it (in the same
+-- Cluster slot), so that a new rate keeps the units owed rather than the time. A state
+-- without it (written by an older version) reads at the current one.
 
+-- Where KEY's interval is kept: KEY:i, in KEY's Cluster slot because KEY has a hash tag
+-- (every key Sluice makes ends in `{hash}`). A key without one keeps no interval.
+local function gcra_interval_key(key)
+  local open = string.find(key, '{', 1, true)
+  local close = open and string.find(key, '}', open + 1, true)
+  if close and close > open + 1 then return key .. ':i' end
+  return nil
+end
+
+-- The debt at now in µs at the current interval, and whether the state must be written again
+-- to say so (read at another interval, or held to the 2·C·I bound). GET, not MGET: a key of
+-- another type is an error (nothing written), not a fresh bucket written over it.
 local function gcra_debt(key, p, now)
   local tat = int(redis.call('GET', key))
-  -- A TAT more than 2·C·I ahead cannot come from these rules: it reads as fresh.
-  if tat ~= nil and tat > now and tat - now <= 2 * p.capacity * p.interval then
-    return tat - now
+  if tat == nil or tat <= now then return 0, false end
+  local ikey = gcra_interval_key(key)
+  local was = ikey and int(redis.call('GET', ikey))
+  local c, i = p.capacity, p.interval
+  local bound = 2 * c * i
+  local kept = was ~= nil and was > 0
+  local debt = tat - now
+  local rescaled = kept and was ~= i
+  if rescaled then
+    -- The same units owed, a part unit counted whole.
+    local units = idiv(debt, was)
+    if units * was < debt then units = units + 1 end
+    debt = units * i
   end
-  return 0
+  if debt > bound then
+    -- Only a lowered burst (or a clock step) on a state written here: held to the bound.
+    -- Without a kept interval (corruption, an older version's clock step): fresh.
+    if kept then return bound, true end
+    return 0, false
+  end
+  return debt, rescaled
+end
+
+local function gcra_write(key, now, debt, i)
+  local px = fmt(idiv(debt + 999, 1000))
+  redis.call('SET', key, fmt(now + debt), 'PX', px)
+  local ikey = gcra_interval_key(key)
+  if ikey then redis.call('SET', ikey, fmt(i), 'PX', px) end
 end
 
 ALGO.gcra = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local full = c * i
-  local debt = gcra_debt(key, p, now)
+  local debt, restate = gcra_debt(key, p, now)
   local remaining = idiv(max(full - debt, 0), i)
   if cost > c then return 2, c, remaining, 0, debt end
+  -- A state read at another interval is written as read (nothing charged), so that the
+  -- wait and reset stated are what the next reading finds.
+  if restate and commit then gcra_write(key, now, debt, i) end
   if cost == 0 then return 0, c, remaining, 0, debt end
   local debt2 = debt + cost * i
   if debt2 > full then return 1, c, remaining, debt2 - full, debt end
-  if commit then
-    redis.call('SET', key, fmt(now + debt2), 'PX', fmt(idiv(debt2 + 999, 1000)))
-  end
+  if commit then gcra_write(key, now, debt2, i) end
   return 0, c, idiv(full - debt2, i), 0, debt2
 end
 
@@ -31,6 +71,6 @@ end
 CHARGE.gcra = function(key, p, now, cost)
   local c, i = p.capacity, p.interval
   local debt2 = min(gcra_debt(key, p, now) + cost * i, 2 * c * i)
-  redis.call('SET', key, fmt(now + debt2), 'PX', fmt(idiv(debt2 + 999, 1000)))
+  gcra_write(key, now, debt2, i)
   return 0, c, idiv(max(c * i - debt2, 0), i), 0, debt2
 end

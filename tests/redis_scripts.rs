@@ -454,6 +454,64 @@ fn snapshot(conn: &mut Conn, key: &str) -> (Resp, i64) {
     (conn.cmd_ok(&["DUMP", key]), pttl(conn, key))
 }
 
+/// GCRA across new rates and bursts on one key (a reload, a consumer moved to another plan):
+/// the script keeps the units owed, as its twin does, decision by decision and TTL by TTL.
+/// `60/1m` exhausted and then tightened to `60/1h` owes its 60 units at the new rate (the
+/// 60 s owed, read at the new interval, gave 59 of 60 back), and a lowered burst holds the
+/// debt to two buckets' worth instead of giving a fresh one.
+#[test]
+fn gcra_keeps_the_units_owed_across_new_rates() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let mut conn = redis.conn();
+    let fast = params(Algorithm::Gcra, 60, 60 * S, None);
+    let slow = params(Algorithm::Gcra, 60, 3600 * S, None);
+    let key = "gcra:rate:{k}";
+    assert_eq!(lua.at(&limit(key, fast, 60), T0).remaining, 0);
+    let d = lua.at(&limit(key, slow, 1), T0 + 1);
+    assert_eq!(
+        (d.code, d.remaining, d.retry_after_us),
+        (Code::Limited, 0, 60 * S)
+    );
+    // Restated at the new interval, with the interval kept beside it.
+    assert_eq!(
+        conn.cmd_ok(&["GET", "gcra:rate:{k}:i"]).as_str(),
+        (60 * S).to_string()
+    );
+
+    let sets = [
+        fast,
+        slow,
+        params(Algorithm::Gcra, 10, 60 * S, Some(3)),
+        params(Algorithm::Gcra, 600, 60 * S, Some(100)),
+        params(Algorithm::Gcra, 5, S, None),
+    ];
+    let mut r = Rng(0x5EED_0002);
+    for round in 0..40 {
+        let key = format!("gcra:mix:{round}:{{t}}");
+        let mut state: Option<State> = None;
+        let mut now = T0 + r.below(S);
+        let mut p = sets[0];
+        for step in 0..60 {
+            if r.below(5) == 0 {
+                p = sets[r.below(sets.len() as u64) as usize];
+            }
+            now += gap(&mut r, &p);
+            let c = cost(&mut r, &p);
+            let want = algo::decide(&p, &mut state, now, c, true);
+            let got = lua.at(&limit(&key, p, c), now);
+            assert_eq!(
+                got, want.decision,
+                "{p:?} round {round} step {step}: now {now} cost {c}"
+            );
+            if let Some(ttl) = want.ttl_us {
+                assert_ttl(&mut conn, &key, ttl);
+                assert_ttl(&mut conn, &format!("{key}:i"), ttl);
+            }
+        }
+    }
+}
+
 #[test]
 fn cost_above_capacity_and_cost_zero_change_nothing() {
     let redis = RedisServer::start();

@@ -283,6 +283,31 @@ async fn limit_state_survives_a_rate_change() {
     assert_eq!(admitted(&s, 6).await, 4);
 }
 
+/// Tightening a GCRA limit keeps what each client has used: exhausted at `6/1m`, a client
+/// is still exhausted at `6/1h` (the 60 s it owed were read at the new interval, 10 min a
+/// unit, and gave it 5 of 6 back). Loosening keeps the units too: back at `6/1m` it owes 6
+/// units of 10 s, not 6 hours.
+#[tokio::test]
+async fn tightening_a_gcra_limit_gives_no_quota_back() {
+    let up = Upstream::start();
+    let gcra = |rate: &str| limited(&up, rate).replace("fixed_window", "gcra");
+    let s = Sluice::start(&gcra("6/1m"));
+    assert_eq!(admitted(&s, 7).await, 6);
+    s.rewrite_config(&gcra("6/1h"));
+    s.wait_reloads("success", 1.0).await;
+    assert_eq!(
+        admitted(&s, 6).await,
+        0,
+        "an exhausted client was given quota back"
+    );
+    s.rewrite_config(&gcra("6/1m"));
+    s.wait_reloads("success", 2.0).await;
+    let r = get(&client(), &s.url("/"), &[]).await;
+    assert_eq!(r.status, 429);
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!(retry <= 11, "still owes hours: Retry-After {retry}");
+}
+
 #[tokio::test]
 async fn store_changes_wait_for_a_restart_and_keys_keep_their_prefix() {
     let up = Upstream::start();

@@ -245,7 +245,8 @@ pub(crate) fn verdict(
 ///
 /// With `commit == false` this is a dry run: `state` is left exactly as it was whatever the
 /// outcome. With `commit == true`, an admitted request updates `state` (possibly to `None`,
-/// meaning "delete the key"); a limited or code-2 request never changes it. A state of the
+/// meaning "delete the key"); a code-2 request never changes it, and a limited one only
+/// restates it as read (GCRA's state read at another interval: [`gcra`]). A state of the
 /// wrong variant (cannot happen with well-formed keys) counts as fresh.
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     macro_rules! run {
@@ -494,7 +495,7 @@ mod tests {
                 .map(|(level, t)| State::LeakyBucket(leaky_bucket::State { level, t }))
                 .to_vec(),
             Algorithm::Gcra => [0, m, now + full, now + full + 1, now - 20 * YEAR, future]
-                .map(|tat| State::Gcra(gcra::State { tat }))
+                .map(|tat| State::Gcra(gcra::State { tat, interval: 0 }))
                 .to_vec(),
             Algorithm::Concurrency => vec![],
         }

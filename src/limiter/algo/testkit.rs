@@ -1,5 +1,6 @@
 //! Test helpers: every decision made through [`step`] is checked against the contract that
-//! all six algorithms share (dry run = commit, code 2 and limits write nothing, peeks write
+//! all six algorithms share (dry run = commit, code 2 writes nothing, a limit at most restates
+//! the state as read, peeks write
 //! nothing, admitted iff cost ≤ remaining, exact retry and reset, TTL leaves a fresh key).
 use super::{charge, decide, Algorithm, Code, Decision, Params, State, Verdict};
 
@@ -36,8 +37,17 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
         }
         Code::Limited => {
             assert!(cost > now0.remaining && cost <= p.capacity);
-            assert_eq!(v.ttl_us, None);
-            unchanged(st);
+            match v.ttl_us {
+                None => unchanged(st),
+                // A restatement only (GCRA read at another interval, or held to its bound):
+                // the state reads now exactly as it did.
+                Some(ttl) => {
+                    assert!(ttl >= 1);
+                    for c in [0, 1, cost] {
+                        assert_eq!(peek(p, st, now, c), peek(p, &before, now, c), "restated");
+                    }
+                }
+            }
             let r = d.retry_after_us;
             assert!(r > 0);
             assert_eq!(
@@ -54,8 +64,14 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
             assert!(cost <= now0.remaining, "admitted beyond remaining");
             assert_eq!((d.remaining, d.retry_after_us), (now0.remaining - cost, 0));
             if cost == 0 {
-                assert_eq!(v.ttl_us, None);
-                unchanged(st);
+                match v.ttl_us {
+                    None => unchanged(st),
+                    Some(_) => {
+                        for c in [0, 1, p.capacity] {
+                            assert_eq!(peek(p, st, now, c), peek(p, &before, now, c), "restated");
+                        }
+                    }
+                }
             } else {
                 let ttl = v.ttl_us.expect("an admission writes");
                 assert!(ttl >= 1 && ttl >= d.reset_after_us);

@@ -220,7 +220,10 @@ impl MemoryStore {
         match shard.get_mut(key) {
             Some(entry) if entry.expires_at_us > now => {
                 // Borrow the state out of the map (a cheap placeholder stands in meanwhile).
-                let placeholder = State::Gcra(gcra::State { tat: 0 });
+                let placeholder = State::Gcra(gcra::State {
+                    tat: 0,
+                    interval: 0,
+                });
                 let mut state = Some(std::mem::replace(&mut entry.state, placeholder));
                 let v = algo::run(p, &mut state, now, cost, c.op, id, commit);
                 match state {
