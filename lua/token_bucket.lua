@@ -3,15 +3,18 @@
 -- State: hash {n = tokens, t = µs at which n was valid}. Twin of src/algo/token_bucket.rs.
 -- A charge after the answer may leave debt: n = 0 until a t at most C·I ahead.
 
--- The bucket at now: (tokens, t), t <= now, or (0, t) in debt with now < t <= now + C·I.
+-- The bucket at now: (tokens, t), t <= now, or (0, t) in debt with now < t <= now + C·I;
+-- and whether the state must be written again to say so.
 local function token_refill(key, p, now)
   local c, i = p.capacity, p.interval
   local s = redis.call('HMGET', key, 'n', 't')
   local sn, st = int(s[1]), int(s[2])
   local n, t = c, now
-  -- Any other t after now (corruption, clock stepped back) reads as fresh, i.e. full.
-  if sn == 0 and st ~= nil and st > now and st - now <= c * i then
-    n, t = 0, st
+  -- A debt further ahead than C·I (a lowered burst, a clock step) is held to C·I and
+  -- restated; any other t after now (corruption, clock stepped back) reads as fresh, i.e. full.
+  if sn == 0 and st ~= nil and st > now then
+    if st - now <= c * i then return 0, st, false end
+    return 0, now + c * i, true
   elseif sn ~= nil and st ~= nil and st <= now then
     n = min(sn, c)
     local add = idiv(now - st, i) -- divide first: no overflow after a long idle
@@ -21,7 +24,7 @@ local function token_refill(key, p, now)
       n, t = n + add, st + add * i
     end
   end
-  return n, t
+  return n, t, false
 end
 
 -- Time until `need` more tokens have arrived at `now`: the first one arrives at t + I.
@@ -29,8 +32,13 @@ local function token_after(t, need, i, now) return max(t + need * i - now, 0) en
 
 ALGO.token_bucket = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
-  local n, t = token_refill(key, p, now)
+  local n, t, held = token_refill(key, p, now)
   if cost > c then return 2, c, n, 0, token_after(t, c - n, i, now) end
+  -- A debt held to its bound is written as read (nothing charged).
+  if held and commit then
+    redis.call('HSET', key, 'n', '0', 't', fmt(t))
+    expire_us(key, token_after(t, c, i, now))
+  end
   if cost == 0 then return 0, c, n, 0, token_after(t, c - n, i, now) end
   if cost > n then return 1, c, n, token_after(t, cost - n, i, now), token_after(t, c - n, i, now) end
   local left = n - cost

@@ -454,13 +454,14 @@ fn snapshot(conn: &mut Conn, key: &str) -> (Resp, i64) {
     (conn.cmd_ok(&["DUMP", key]), pttl(conn, key))
 }
 
-/// GCRA across new rates and bursts on one key (a reload, a consumer moved to another plan):
-/// the script keeps the units owed, as its twin does, decision by decision and TTL by TTL.
+/// GCRA and token_bucket across new rates and bursts on one key (a reload, a consumer moved to
+/// another plan): each script keeps the units owed, as its twin does, decision by decision
+/// and TTL by TTL.
 /// `60/1m` exhausted and then tightened to `60/1h` owes its 60 units at the new rate (the
 /// 60 s owed, read at the new interval, gave 59 of 60 back), and a lowered burst holds the
 /// debt to two buckets' worth instead of giving a fresh one.
 #[test]
-fn gcra_keeps_the_units_owed_across_new_rates() {
+fn buckets_keep_the_units_owed_across_new_rates() {
     let redis = RedisServer::start();
     let mut lua = Lua::pinned(redis.conn());
     let mut conn = redis.conn();
@@ -479,34 +480,50 @@ fn gcra_keeps_the_units_owed_across_new_rates() {
         (60 * S).to_string()
     );
 
-    let sets = [
-        fast,
-        slow,
-        params(Algorithm::Gcra, 10, 60 * S, Some(3)),
-        params(Algorithm::Gcra, 600, 60 * S, Some(100)),
-        params(Algorithm::Gcra, 5, S, None),
-    ];
+    // Random schedules over several rates and bursts per key, with charges by the answer
+    // (debts a lowered burst must hold to its bound): token_bucket as well.
     let mut r = Rng(0x5EED_0002);
-    for round in 0..40 {
-        let key = format!("gcra:mix:{round}:{{t}}");
-        let mut state: Option<State> = None;
-        let mut now = T0 + r.below(S);
-        let mut p = sets[0];
-        for step in 0..60 {
-            if r.below(5) == 0 {
-                p = sets[r.below(sets.len() as u64) as usize];
-            }
-            now += gap(&mut r, &p);
-            let c = cost(&mut r, &p);
-            let want = algo::decide(&p, &mut state, now, c, true);
-            let got = lua.at(&limit(&key, p, c), now);
-            assert_eq!(
-                got, want.decision,
-                "{p:?} round {round} step {step}: now {now} cost {c}"
-            );
-            if let Some(ttl) = want.ttl_us {
-                assert_ttl(&mut conn, &key, ttl);
-                assert_ttl(&mut conn, &format!("{key}:i"), ttl);
+    for a in [Algorithm::Gcra, Algorithm::TokenBucket] {
+        let sets = [
+            params(a, 60, 60 * S, None),
+            params(a, 60, 3600 * S, None),
+            params(a, 10, 60 * S, Some(3)),
+            params(a, 600, 60 * S, Some(100)),
+            params(a, 5, S, None),
+        ];
+        for round in 0..40 {
+            let key = format!("mix:{}:{round}:{{t}}", a.name());
+            let mut state: Option<State> = None;
+            let mut now = T0 + r.below(S);
+            let mut p = sets[0];
+            for step in 0..60 {
+                if r.below(5) == 0 {
+                    p = sets[r.below(sets.len() as u64) as usize];
+                }
+                now += gap(&mut r, &p);
+                let charge = r.below(4) == 0;
+                let (c, want) = if charge {
+                    let c = 1 + r.below(2 * p.capacity);
+                    (c, algo::charge(&p, &mut state, now, c))
+                } else {
+                    let c = cost(&mut r, &p);
+                    (c, algo::decide(&p, &mut state, now, c, true))
+                };
+                let call = LimitCall {
+                    op: if charge { Op::Charge } else { Op::Decide },
+                    ..limit(&key, p, c)
+                };
+                let got = lua.at(&call, now);
+                assert_eq!(
+                    got, want.decision,
+                    "{p:?} round {round} step {step}: now {now} cost {c} charge {charge}"
+                );
+                if let Some(ttl) = want.ttl_us {
+                    assert_ttl(&mut conn, &key, ttl);
+                    if a == Algorithm::Gcra {
+                        assert_ttl(&mut conn, &format!("{key}:i"), ttl);
+                    }
+                }
             }
         }
     }

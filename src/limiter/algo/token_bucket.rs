@@ -4,7 +4,8 @@
 //!
 //! A charge after the answer ([`charge`]) may take more than is left: the bucket then owes
 //! tokens, stored as no tokens until a `t` in the future, at most one bucket's worth
-//! (C·I) ahead, so later requests wait the debt out and the long-run rate holds.
+//! (C·I) ahead, so later requests wait the debt out and the long-run rate holds. A lowered
+//! burst holds such a debt to the new C·I rather than forgetting it.
 use super::{verdict, Code, Params, Verdict};
 
 /// `tokens` were valid at `t`; the next token arrives at t + I.
@@ -15,45 +16,57 @@ pub struct State {
 }
 
 /// The bucket at `now`, as (tokens, t) with t ≤ now and now − t < I unless full (t = now),
-/// or in debt: (0, t) with now < t ≤ now + C·I, no token before t + I.
+/// or in debt: (0, t) with now < t ≤ now + C·I, no token before t + I; and whether the state
+/// must be written again to say so.
 /// Divides before adding, so a bucket idle for years cannot overflow. More than C tokens reads
-/// as C. Any other `t` after `now` (corruption, or the store clock stepped back) reads as
-/// fresh, i.e. full: at most C at once. Reading it as `now` instead would restart the refill
-/// at every request that writes nothing (a limited one), so its retry would never come true.
-fn refill(p: &Params, s: Option<&State>, now: u64) -> (u64, u64) {
+/// as C. A debt further ahead than C·I (a burst lowered after a charge by the answer, or the
+/// store clock stepped back) is held to C·I, so a lowered limit gives nobody a fresh bucket;
+/// it is restated at the next decision that commits, since a reading that changed as time
+/// passes without a write would make retries lie. Any other `t` after `now` (tokens and a
+/// future time: corruption, or the clock stepped back) reads as fresh, i.e. full: at most C
+/// at once.
+fn refill(p: &Params, s: Option<&State>, now: u64) -> (u64, u64, bool) {
     let (c, i) = (p.capacity, p.interval_us);
     let Some(s) = s else {
-        return (c, now);
+        return (c, now, false);
     };
     if s.t > now {
-        return if s.tokens == 0 && s.t - now <= c * i {
-            (0, s.t)
-        } else {
-            (c, now)
+        return match s.tokens {
+            0 if s.t - now <= c * i => (0, s.t, false),
+            0 => (0, now + c * i, true),
+            _ => (c, now, false),
         };
     }
     let (n, t) = (s.tokens.min(c), s.t);
     let add = (now - t) / i;
     if add >= c - n {
-        (c, now)
+        (c, now, false)
     } else {
-        (n + add, t + add * i)
+        (n + add, t + add * i, false)
     }
 }
 
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     let (c, i) = (p.capacity, p.interval_us);
-    let (n, t) = refill(p, state.as_ref(), now);
+    let (n, t, held) = refill(p, state.as_ref(), now);
     // Time until `need` tokens have been added: the first one arrives at t + I.
     let after = |need: u64| (t + need * i).saturating_sub(now);
+    // A debt held to its bound is written as read (nothing charged).
+    let mut restate = || {
+        (commit && held).then(|| {
+            *state = Some(State { tokens: 0, t });
+            after(c)
+        })
+    };
     if cost > c {
         return verdict(Code::CannotFit, c, n, 0, after(c - n), None);
     }
     if cost == 0 {
-        return verdict(Code::Allowed, c, n, 0, after(c - n), None);
+        return verdict(Code::Allowed, c, n, 0, after(c - n), restate());
     }
     if cost > n {
-        return verdict(Code::Limited, c, n, after(cost - n), after(c - n), None);
+        let ttl = restate();
+        return verdict(Code::Limited, c, n, after(cost - n), after(c - n), ttl);
     }
     let left = n - cost;
     let ttl = commit.then(|| {
@@ -67,7 +80,7 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
 /// C·I of it ahead of now. Always admitted; `remaining` is 0 while in debt.
 pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
     let (c, i) = (p.capacity, p.interval_us);
-    let (n, t) = refill(p, state.as_ref(), now);
+    let (n, t, _) = refill(p, state.as_ref(), now);
     if cost <= n {
         return decide(p, state, now, cost, true);
     }
@@ -102,6 +115,36 @@ mod tests {
                 .count();
         }
         assert_eq!(admitted, 5 + 10);
+    }
+
+    /// A bucket owing 30 tokens (a charge by the answer) whose burst is lowered to 20 owes
+    /// 20, written so; it read as a full bucket of 20.
+    #[test]
+    fn a_lowered_burst_holds_the_debt_to_the_new_bucket() {
+        let before = params(TokenBucket, 60, 60 * S, Some(60));
+        let after = params(TokenBucket, 60, 60 * S, Some(20));
+        let now = 1_700_000_000 * S;
+        let mut st = None;
+        super::super::charge(&before, &mut st, now, 90);
+        assert_eq!(
+            st,
+            Some(Any::TokenBucket(State {
+                tokens: 0,
+                t: now + 30 * S
+            }))
+        );
+        let v = step(&after, &mut st, now, 1);
+        assert_eq!(
+            (v.decision.code, v.decision.retry_after_us, v.ttl_us),
+            (Code::Limited, 21 * S, Some(40 * S))
+        );
+        assert_eq!(
+            st,
+            Some(Any::TokenBucket(State {
+                tokens: 0,
+                t: now + 20 * S
+            }))
+        );
     }
 
     #[test]
