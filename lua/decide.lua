@@ -94,7 +94,13 @@ end
 local function one(now, key, i, p, write, nonce)
   local algo = p.algo
   if p.algorithm == 'concurrency' then return algo(key, p, now, p.cost, write, nonce, i) end
-  -- A probe (1) never writes; release (3) and renew (4) concern concurrency leases alone.
+  -- A probe (1) never writes: whether its cost would pass, with what is there now (a cost-0
+  -- look's remaining and reset). Release (3) and renew (4) concern concurrency leases alone.
+  if p.op == 1 then
+    local code, limit, _, retry = algo(key, p, now, p.cost, false, nonce, i)
+    local _, _, remaining, _, reset = algo(key, p, now, 0, false, nonce, i)
+    return code, limit, remaining, retry, reset
+  end
   if p.op ~= 2 then return algo(key, p, now, p.cost, false, nonce, i) end
   if not write or p.cost == 0 then return algo(key, p, now, 0, false, nonce, i) end
   return CHARGE[p.algorithm](key, p, now, p.cost, nonce, i)

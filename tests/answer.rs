@@ -51,7 +51,10 @@ async fn failed_logins_are_charged_and_successes_are_free() {
         for _ in 0..6 {
             let r = get(&c, &s.url("/status/200"), &[]).await;
             assert_eq!(r.status, 200, "{kind}");
-            assert!(r.header("ratelimit").unwrap().contains(";r=3;"), "{kind}");
+            // Full, so back to full in 0 s (SPEC §3: reset 0 when empty). The probe advertised
+            // what a cost-1 admission would leave: `t` of a whole window for nothing charged.
+            let rl = r.header("ratelimit").unwrap();
+            assert!(rl.ends_with(";r=3;t=0"), "{kind}: {rl}");
         }
         for (left, path) in [(2, "/status/401"), (1, "/status/403"), (0, "/status/401")] {
             let r = get(&c, &s.url(path), &[]).await;

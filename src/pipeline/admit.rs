@@ -393,15 +393,6 @@ pub async fn decide(
         }
     };
 
-    // A probe charged nothing: what it leaves is what there is (its cost-1 decision says
-    // one less).
-    let mut decisions = decisions;
-    for (c, d) in calls.iter().zip(decisions.iter_mut()) {
-        if c.op == Op::Probe && d.allowed() {
-            d.remaining = (d.remaining + c.cost).min(d.limit);
-        }
-    }
-
     // Among refusing enforced limits, the longest wait is the one to report; otherwise the
     // most constraining enforced limit: lowest remaining, ties broken by the longest reset.
     let mut refused: Option<(usize, Decision)> = None;

@@ -182,8 +182,20 @@ pub fn run(
         Op::Decide => decide(p, state, now, cost, write),
         Op::Charge if write && cost > 0 => charge(p, state, now, cost),
         Op::Charge => decide(p, state, now, 0, false),
-        Op::Probe | Op::Release | Op::Renew => decide(p, state, now, cost, false),
+        Op::Probe => probe(p, state, now, cost),
+        Op::Release | Op::Renew => decide(p, state, now, cost, false),
     }
+}
+
+/// Whether `cost` would pass (its code and wait), with what is there now (the remaining and
+/// reset of a cost-0 look): a probe charges nothing, so the state it advertises is the one it
+/// leaves, not the one a cost-1 admission would.
+fn probe(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
+    let mut v = decide(p, state, now, cost, false);
+    let there = decide(p, state, now, 0, false).decision;
+    v.decision.remaining = there.remaining;
+    v.decision.reset_after_us = there.reset_after_us;
+    v
 }
 
 /// Charge `cost` whatever is left (after the answer; always admitted, `remaining` 0 when it
@@ -381,7 +393,15 @@ mod tests {
                         let before = st.clone();
                         let probe = run(&p, &mut st, now, c, Op::Probe, 0, true);
                         prop_assert_eq!(&st, &before);
-                        prop_assert_eq!(probe.decision, peek(&p, &st, now, c));
+                        let (would, there) = (peek(&p, &st, now, c), peek(&p, &st, now, 0));
+                        prop_assert_eq!(
+                            (probe.decision.code, probe.decision.retry_after_us),
+                            (would.code, would.retry_after_us)
+                        );
+                        prop_assert_eq!(
+                            (probe.decision.remaining, probe.decision.reset_after_us),
+                            (there.remaining, there.reset_after_us)
+                        );
                     }
                     _ => { step(&p, &mut st, now, c); }
                 }

@@ -175,7 +175,8 @@ impl MemoryStore {
             params: *params,
             cost,
             shadow: true,
-            op: algo::Op::Probe,
+            // Not written (commit false): a cost-1 decision as it would be made.
+            op: algo::Op::Decide,
         };
         Peek {
             now: self.apply(&mut shard, k, &call(0), 0, now, false),

@@ -993,7 +993,8 @@ impl RedisStore {
             params: *params,
             cost,
             shadow: true,
-            op: crate::limiter::algo::Op::Probe,
+            // Not written (commit false): a cost-1 decision as it would be made.
+            op: crate::limiter::algo::Op::Decide,
         };
         let (id, lane) = (super::next_id(), self.lane());
         let d = self
