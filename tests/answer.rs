@@ -276,23 +276,11 @@ async fn inflight_gauge(s: &Sluice) -> f64 {
 
 /// Open a WebSocket tunnel through `s`: the answer's status and the client's socket.
 fn websocket(s: &Sluice) -> (u16, std::net::TcpStream) {
-    use std::io::{Read, Write};
-    let mut st = std::net::TcpStream::connect(s.addr).unwrap();
-    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") && st.read(&mut byte).unwrap_or(0) == 1 {
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
+    let (head, st) = support::raw::websocket(s.addr);
     let status = head.get(9..12).and_then(|c| c.parse().ok()).unwrap_or(0);
     (status, st)
 }
 
-/// An upgraded connection is a request in flight for as long as it is open (nginx's
-/// `limit_conn` counts it so): its concurrency slot is held until the tunnel closes, not
-/// freed with the 101's empty body.
 #[tokio::test]
 async fn a_websocket_holds_its_concurrency_slot_until_it_closes() {
     for (kind, redis) in stores() {

@@ -911,28 +911,15 @@ fn a_204_goes_out_without_its_content_length() {
 /// An upstream that answers its head with the body's first bytes, then writes `rest` one byte
 /// every `every` (none at all when `rest` is empty), holding the connection open after.
 fn dripping_upstream(head: &'static str, rest: &'static [u8], every: Duration) -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let mut head_in = Vec::new();
-                let mut byte = [0; 1];
-                while !head_in.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
-                    head_in.push(byte[0]);
-                }
-                let _ = conn.write_all(head.as_bytes());
-                for b in rest {
-                    std::thread::sleep(every);
-                    let _ = conn.write_all(&[*b]);
-                }
-                // Held open, silent, until the gateway closes it.
-                let _ = conn.read(&mut byte);
-            });
+    support::raw::upstream(move |conn| {
+        let _ = conn.write_all(head.as_bytes());
+        for b in rest {
+            std::thread::sleep(every);
+            let _ = conn.write_all(&[*b]);
         }
-    });
-    addr
+        // Held open, silent, until the gateway closes it.
+        let _ = conn.read(&mut [0; 1]);
+    })
 }
 
 /// An upstream that stops mid-body is cut after `timeout` without a byte (nginx's

@@ -703,16 +703,8 @@ fn which(tool: &str) -> bool {
 async fn websocket_upgrade_passes_through() {
     let up = Upstream::start();
     let s = Sluice::start(&plain(&up));
-    let mut st = TcpStream::connect(s.addr).unwrap();
-    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        st.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap().to_ascii_lowercase();
+    let (head, mut st) = support::raw::websocket(s.addr);
+    let head = head.to_ascii_lowercase();
     assert!(head.starts_with("http/1.1 101"), "{head}");
     assert!(head.contains("upgrade: websocket"), "{head}");
     for msg in [&b"hello"[..], b"second frame", &[0u8, 1, 2, 255]] {
@@ -731,16 +723,8 @@ async fn websocket_upgrade_passes_through() {
 fn an_idle_tunnel_is_closed_after_the_upstreams_timeout() {
     let up = Upstream::start();
     let s = Sluice::start(&plain(&up));
-    let mut st = TcpStream::connect(s.addr).unwrap();
-    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        st.read_exact(&mut byte).unwrap();
-        head.push(byte[0]);
-    }
-    assert!(head.starts_with(b"HTTP/1.1 101"), "{head:?}");
+    let (head, mut st) = support::raw::websocket(s.addr);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     for _ in 0..5 {
         std::thread::sleep(Duration::from_millis(400));
         st.write_all(b"ping").unwrap();

@@ -1022,30 +1022,31 @@ async fn connections_that_go_silent_are_replaced() {
     );
 }
 
+/// One worker on one Redis connection with a 50 ms timeout, and route `name` holding one
+/// slot per client for 30 s, under `on_error`; ready once its store is.
+async fn one_slot_gateway(
+    redis: &RedisServer,
+    up: &Upstream,
+    name: &str,
+    on_error: &str,
+) -> (Sluice, HttpClient) {
+    let limit = "{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }";
+    let routes = [route(name, "", &[limit])];
+    let yaml = config(&standalone(redis, "50ms", 1), on_error, up, &routes);
+    let s = Sluice::start(&format!("workers: 1\n{yaml}"));
+    let c = client();
+    wait_store(&c, &s).await;
+    (s, c)
+}
+
 /// A concurrency decision that timed out still runs once Redis resumes, and would take a slot
 /// no request holds until its lease ran out (here 30 s, locking the client out). The gateway
 /// releases such slots itself, and counts those release calls (and their timeouts) in the
 /// store metrics like every other store call.
 #[tokio::test]
 async fn a_timed_out_concurrency_decision_leaves_no_slot_held() {
-    let redis = RedisServer::start();
-    let up = Upstream::start();
-    let yaml = format!(
-        "workers: 1\n{}",
-        config(
-            &standalone(&redis, "50ms", 1),
-            "deny",
-            &up,
-            &[route(
-                "c",
-                "",
-                &["{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }"],
-            )],
-        )
-    );
-    let s = Sluice::start(&yaml);
-    let c = client();
-    wait_store(&c, &s).await;
+    let (redis, up) = (RedisServer::start(), Upstream::start());
+    let (s, c) = one_slot_gateway(&redis, &up, "c", "deny").await;
     let ip = "10.3.0.1";
     assert_eq!(
         statuses(&c, &s, "/c", ip, 2).await,
@@ -1087,24 +1088,8 @@ async fn a_timed_out_concurrency_decision_leaves_no_slot_held() {
 /// the whole lease).
 #[tokio::test]
 async fn a_timed_out_concurrency_decision_refused_locally_leaves_no_slot_held() {
-    let redis = RedisServer::start();
-    let up = Upstream::start();
-    let yaml = format!(
-        "workers: 1\n{}",
-        config(
-            &standalone(&redis, "50ms", 1),
-            "local",
-            &up,
-            &[route(
-                "slow",
-                "",
-                &["{ name: one, by: ip, algorithm: concurrency, max: 1, lease: 30s }"],
-            )],
-        )
-    );
-    let s = Sluice::start(&yaml);
-    let c = client();
-    wait_store(&c, &s).await;
+    let (redis, up) = (RedisServer::start(), Upstream::start());
+    let (s, c) = one_slot_gateway(&redis, &up, "slow", "local").await;
     let ip = "10.3.0.2";
     let port = redis.port;
     let sleeper =
@@ -1646,23 +1631,11 @@ async fn redis_counters_survive_a_rate_edit() {
 /// An upstream that reads each request's head, waits `after`, then writes `answer` (empty:
 /// writes nothing) and closes.
 fn late_upstream(after: Duration, answer: &'static str) -> std::net::SocketAddr {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let (mut head, mut byte) = (Vec::new(), [0; 1]);
-                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
-                    head.push(byte[0]);
-                }
-                std::thread::sleep(after);
-                let _ = conn.write_all(answer.as_bytes());
-            });
-        }
-    });
-    addr
+    support::raw::upstream(move |conn| {
+        use std::io::Write;
+        std::thread::sleep(after);
+        let _ = conn.write_all(answer.as_bytes());
+    })
 }
 
 /// A client that leaves while its settling call waits behind a busy Redis connection still

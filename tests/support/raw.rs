@@ -6,6 +6,42 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
+/// An upstream on a free port that reads each request's head and then hands the connection
+/// to `answer`, each connection on a thread of its own: for answers no well-behaved server
+/// gives (late, stalled, dripping, none at all).
+pub fn upstream(answer: impl Fn(&mut TcpStream) + Send + Sync + 'static) -> SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let (mut head, mut byte) = (Vec::new(), [0; 1]);
+                while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+                    head.push(byte[0]);
+                }
+                answer(&mut conn);
+            });
+        }
+    });
+    addr
+}
+
+/// Open a WebSocket tunnel through the gateway at `addr` (its test upstream's `/ws` echoes):
+/// the answer's head and the client's socket (reads time out after 10 s).
+pub fn websocket(addr: SocketAddr) -> (String, TcpStream) {
+    let mut st = TcpStream::connect(addr).unwrap();
+    st.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    st.write_all(b"GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n").unwrap();
+    let (mut head, mut byte) = (Vec::new(), [0u8; 1]);
+    while !head.ends_with(b"\r\n\r\n") && st.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+    (String::from_utf8_lossy(&head).into_owned(), st)
+}
+
 /// One response parsed off the wire.
 #[derive(Debug, Clone)]
 pub struct RawResponse {
