@@ -94,11 +94,13 @@ end
 local function one(now, key, i, p, write, nonce)
   local algo = p.algo
   if p.algorithm == 'concurrency' then return algo(key, p, now, p.cost, write, nonce, i) end
-  -- A probe (1) never writes: whether its cost would pass, with what is there now (a cost-0
+  -- A probe (1) charges nothing: whether its cost would pass, with what is there now (a cost-0
   -- look's remaining and reset). Release (3) and renew (4) concern concurrency leases alone.
   if p.op == 1 then
     local code, limit, _, retry = algo(key, p, now, p.cost, false, nonce, i)
-    local _, _, remaining, _, reset = algo(key, p, now, 0, false, nonce, i)
+    -- The look commits with the call: it charges nothing, but restates a state read under
+    -- other parameters (RESTATES).
+    local _, _, remaining, _, reset = algo(key, p, now, 0, write, nonce, i)
     return code, limit, remaining, retry, reset
   end
   if p.op ~= 2 then return algo(key, p, now, p.cost, false, nonce, i) end
@@ -132,11 +134,18 @@ end
 -- raises before the request has charged anything.
 local function request(now, keys, k0, calls, nonce, commit, out, o)
   if commit and #calls == 1 then
-    -- Alone, committing directly is all-or-nothing already: a refusal writes nothing.
+    -- Alone, committing directly is all-or-nothing already: a refusal charges nothing.
     run(now, keys, k0, calls, nonce, true, out, o)
-  elseif run(now, keys, k0, calls, nonce, false, out, o) and commit then
+  elseif run(now, keys, k0, calls, nonce, false, out, o) then
     -- Deterministic: the same reads at the same `now` give the same decisions.
-    run(now, keys, k0, calls, nonce, true, out, o)
+    if commit then run(now, keys, k0, calls, nonce, true, out, o) end
+  elseif commit then
+    -- Refused: nothing is charged, but a state read under other parameters is written as
+    -- read (a look of cost 0 that commits), or the waits just stated would not hold.
+    for i = 1, #calls do
+      local p = calls[i]
+      if p.op <= 1 and RESTATES[p.algorithm] then p.algo(keys[k0 + i], p, now, 0, true, nonce, i) end
+    end
   end
 end
 

@@ -51,9 +51,15 @@ end
 
 -- ALGO[name](key, p, now, cost, commit, nonce, index) -> code, limit, remaining, retry_us,
 -- reset_us. p = {limit = N, window = W, capacity = C, interval = I, unit = u}. With commit, an
--- admitted request writes its new state; a limited (1) or impossible (2) one never writes.
+-- admitted request writes its new state; a limited (1) one charges nothing (an algorithm of
+-- RESTATES may write its state again as read), an impossible (2) one never writes.
 -- nonce (unique per call) and index (the limit's position) only name sliding_log members.
 local ALGO = {}
+-- Algorithms whose state, read under other parameters than it was written with (a reload, a
+-- plan change), is written again as read by a committing call that charges nothing (cost 0,
+-- or a refusal): gcra's time owed at a new interval, token_bucket's debt held to a lowered
+-- burst. Twin of `Algorithm::restates`.
+local RESTATES = {gcra = true, token_bucket = true}
 -- CHARGE[name](key, p, now, cost, nonce, index) -> the same five values: the charge after the
 -- answer, even past the limit, into at most one capacity of debt that later requests wait out.
 local CHARGE = {}

@@ -1302,9 +1302,21 @@ async fn cluster_gateway_limits_exactly() {
     // The two limits really live on different slots.
     let keys = cluster.keys();
     let route_key: Vec<&String> = keys.iter().filter(|k| k.contains(":per-route:")).collect();
-    let ip_keys: Vec<&String> = keys.iter().filter(|k| k.contains(":per-ip:")).collect();
+    let ip_keys: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.contains(":per-ip:") && !k.ends_with(":i"))
+        .collect();
     assert_eq!(route_key.len(), 1, "{keys:?}");
     assert_eq!(ip_keys.len(), 4, "{keys:?}");
+    // Each GCRA key keeps its interval beside it, in its own slot (on the same node).
+    for k in &ip_keys {
+        let interval = format!("{k}:i");
+        assert!(
+            keys.contains(&interval),
+            "{k} without its interval: {keys:?}"
+        );
+        assert_eq!(key_slot(interval.as_bytes()), key_slot(k.as_bytes()));
+    }
     let route_slot = key_slot(route_key[0].as_bytes());
     assert!(
         ip_keys.iter().all(|k| key_slot(k.as_bytes()) != route_slot),

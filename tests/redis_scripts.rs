@@ -472,7 +472,7 @@ fn buckets_keep_the_units_owed_across_new_rates() {
     let d = lua.at(&limit(key, slow, 1), T0 + 1);
     assert_eq!(
         (d.code, d.remaining, d.retry_after_us),
-        (Code::Limited, 0, 60 * S)
+        (Code::Limited, 0, 60 * S - 60)
     );
     // Restated at the new interval, with the interval kept beside it.
     assert_eq!(
@@ -526,6 +526,44 @@ fn buckets_keep_the_units_owed_across_new_rates() {
                 }
             }
         }
+    }
+}
+
+/// A state read under a new rate is written as read whatever refuses the request: a route's
+/// other limit (the dry run of several limits stops at a refusal), or the probe of a limit
+/// charged by the answer. Otherwise the stored time owed keeps decaying at the old rate and
+/// gives units back: `60/1m` exhausted, tightened to `60/1h`, had one unit back a second
+/// later. Both stores, the same decisions.
+#[test]
+fn a_rate_change_is_restated_by_refusals_and_probes() {
+    let redis = RedisServer::start();
+    let mut lua = Lua::pinned(redis.conn());
+    let (clock, time) = Clock::manual(T0);
+    let mem = MemoryStore::new(10_000, clock);
+    let fast = params(Algorithm::Gcra, 60, 60 * S, None);
+    let slow = params(Algorithm::Gcra, 60, 3600 * S, None);
+    let window = params(Algorithm::FixedWindow, 1000, 3600 * S, None);
+    for (n, op) in [(0, Op::Decide), (1, Op::Probe)] {
+        let key = format!("restate:{n}:{{k}}");
+        let other = format!("restate:{n}:other:{{k}}");
+        let mut both = |calls: &[LimitCall], now: u64| {
+            time.store(now, Ordering::Relaxed);
+            let want = mem.decide_as(calls, 7);
+            let got = lua.call_as(calls, true, Some(now), 7).unwrap();
+            assert_eq!(got, want, "{calls:?} at {now}");
+            want
+        };
+        both(&[limit(&key, fast, 60)], T0);
+        // Refused by the tightened limit beside another limit (or probed): restated.
+        let tight = LimitCall {
+            op,
+            ..limit(&key, slow, 1)
+        };
+        let d = both(&[limit(&other, window, 1), tight.clone()], T0 + 1);
+        assert!(!d[1].allowed(), "{op:?}: {d:?}");
+        // A second later the tightened limit still has nothing: 3599 s of a 60 s unit owed.
+        let d = both(&[limit(&key, slow, 0)], T0 + S);
+        assert_eq!(d[0].remaining, 0, "{op:?}: a unit came back");
     }
 }
 

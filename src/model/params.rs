@@ -41,6 +41,13 @@ impl Algorithm {
         all.into_iter().find(|a| a.name() == s)
     }
 
+    /// Algorithms whose state, read under other parameters than it was written with (a
+    /// reload, a plan change), is written again as read by a committing call that charges
+    /// nothing: GCRA's time owed at a new interval, a bucket's debt held to a lowered burst.
+    pub fn restates(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
     /// Bucket algorithms take `burst` (capacity); window algorithms do not.
     pub fn is_bucket(self) -> bool {
         matches!(

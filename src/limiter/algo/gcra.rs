@@ -21,7 +21,7 @@ pub struct State {
 /// stored state must be written again to say so (it was written at another interval, or
 /// beyond the bound).
 ///
-/// The units owed are kept across a change of interval, a part unit counted whole (never less
+/// The units owed are kept across a change of interval, to the µs (rounded up: never less
 /// owed than before). Up to 2·C·I is legitimate: past C·I is the debt a charge after the
 /// answer leaves ([`charge`] never goes further). More can come only from a lowered burst (or
 /// a store clock stepping back) on a state these rules wrote, which is held to 2·C·I: the
@@ -36,7 +36,11 @@ fn debt(p: &Params, state: &Option<State>, now: u64) -> (u64, bool) {
     let mut d = s.tat.saturating_sub(now);
     let rescaled = s.interval != 0 && s.interval != p.interval_us && d > 0;
     if rescaled {
-        d = d.div_ceil(s.interval).saturating_mul(p.interval_us);
+        // To the µs, rounded up: the units owed, a part unit kept as the same part (a whole
+        // one here would be given again at every read under another rate, and two gateways
+        // running two rates during a rollout would refill a client nothing).
+        let scaled = (u128::from(d) * u128::from(p.interval_us)).div_ceil(u128::from(s.interval));
+        d = u64::try_from(scaled).unwrap_or(u64::MAX);
     }
     match d > bound {
         false => (d, rescaled),
@@ -186,7 +190,7 @@ mod tests {
         );
         let d = step(&slow, &mut st, now + 60 * S, 1).decision;
         assert_eq!((d.code, d.remaining), (Code::Allowed, 0));
-        // Half a unit owed counts whole: 30.5 s at 1 s each is 31 units, 31 min.
+        // Half a unit owed stays half a unit: 30.5 s at 1 s each is 30.5 units, 30.5 min.
         let mut st = Some(Any::Gcra(State {
             tat: now + 30 * S + S / 2,
             interval: S,
@@ -198,7 +202,24 @@ mod tests {
         let v = step(&slow, &mut st, now, 0);
         assert_eq!(
             (v.decision.remaining, v.ttl_us),
-            (60 - 31, Some(31 * 60 * S))
+            (60 - 31, Some(30 * 60 * S + 30 * S))
+        );
+        // Read back and forth under two rates (two gateways mid-rollout), time owed still
+        // runs out: a refill of a tenth of a unit between reads is kept, not rounded away.
+        let mut st = Some(Any::Gcra(State {
+            tat: now + 10 * S,
+            interval: S,
+        }));
+        let mut t = now;
+        for k in 0..200 {
+            t += S / 10;
+            let p = if k % 2 == 0 { &slow } else { &fast };
+            step(p, &mut st, t, 0);
+        }
+        assert_eq!(
+            peek(&fast, &st, t, 0).remaining,
+            60,
+            "20 s later, 10 s owed are gone"
         );
     }
 }

@@ -182,20 +182,21 @@ pub fn run(
         Op::Decide => decide(p, state, now, cost, write),
         Op::Charge if write && cost > 0 => charge(p, state, now, cost),
         Op::Charge => decide(p, state, now, 0, false),
-        Op::Probe => probe(p, state, now, cost),
+        Op::Probe => probe(p, state, now, cost, write),
         Op::Release | Op::Renew => decide(p, state, now, cost, false),
     }
 }
 
 /// Whether `cost` would pass (its code and wait), with what is there now (the remaining and
 /// reset of a cost-0 look): a probe charges nothing, so the state it advertises is the one it
-/// leaves, not the one a cost-1 admission would.
-fn probe(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Verdict {
-    let mut v = decide(p, state, now, cost, false);
-    let there = decide(p, state, now, 0, false).decision;
-    v.decision.remaining = there.remaining;
-    v.decision.reset_after_us = there.reset_after_us;
-    v
+/// leaves, not the one a cost-1 admission would. The look commits with `write`, which charges
+/// nothing but restates a state read under other parameters.
+fn probe(p: &Params, state: &mut Option<State>, now: u64, cost: u64, write: bool) -> Verdict {
+    let would = decide(p, state, now, cost, false).decision;
+    let mut there = decide(p, state, now, 0, write);
+    there.decision.code = would.code;
+    there.decision.retry_after_us = would.retry_after_us;
+    there
 }
 
 /// Charge `cost` whatever is left (after the answer; always admitted, `remaining` 0 when it

@@ -17,6 +17,23 @@ pub(crate) fn peek(p: &Params, st: &Option<State>, now: u64, cost: u64) -> Decis
     v.decision
 }
 
+/// A decision that charged nothing but wrote: only an algorithm that restates, and only the
+/// state as it read before (for costs 0, 1 and `cost`), kept at least until it is full again.
+fn restated(p: &Params, st: &Option<State>, before: &Option<State>, now: u64, ttl: u64, cost: u64) {
+    assert!(
+        p.algorithm.restates(),
+        "{:?} wrote without charging",
+        p.algorithm
+    );
+    for c in [0, 1, cost] {
+        assert_eq!(peek(p, st, now, c), peek(p, before, now, c), "restated");
+    }
+    assert!(
+        ttl >= 1 && ttl >= peek(p, st, now, 0).reset_after_us,
+        "restated for {ttl} µs"
+    );
+}
+
 /// Decide and commit one request, asserting the shared contract around it.
 pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> Verdict {
     let before = st.clone();
@@ -41,12 +58,7 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
                 None => unchanged(st),
                 // A restatement only (GCRA read at another interval, or held to its bound):
                 // the state reads now exactly as it did.
-                Some(ttl) => {
-                    assert!(ttl >= 1);
-                    for c in [0, 1, cost] {
-                        assert_eq!(peek(p, st, now, c), peek(p, &before, now, c), "restated");
-                    }
-                }
+                Some(ttl) => restated(p, st, &before, now, ttl, cost),
             }
             let r = d.retry_after_us;
             assert!(r > 0);
@@ -66,11 +78,7 @@ pub(crate) fn step(p: &Params, st: &mut Option<State>, now: u64, cost: u64) -> V
             if cost == 0 {
                 match v.ttl_us {
                     None => unchanged(st),
-                    Some(_) => {
-                        for c in [0, 1, p.capacity] {
-                            assert_eq!(peek(p, st, now, c), peek(p, &before, now, c), "restated");
-                        }
-                    }
+                    Some(ttl) => restated(p, st, &before, now, ttl, p.capacity),
                 }
             } else {
                 let ttl = v.ttl_us.expect("an admission writes");

@@ -154,6 +154,14 @@ impl MemoryStore {
                 .collect()
         };
         if !super::request_allowed(calls, &dry) {
+            // Nothing is charged, but a state read under other parameters is written as read
+            // (a look of cost 0 that commits), or the waits just stated would not hold.
+            let shards = calls.iter().zip(keys.iter().zip(&at));
+            for (c, (&k, &i)) in shards.filter(|(c, _)| c.op.decides()) {
+                if c.params.algorithm.restates() {
+                    self.look(&mut guards[slot(i)], k, &c.params, now);
+                }
+            }
             return dry;
         }
         // Deterministic: replaying in order with commit gives the dry run's decisions. (Only
@@ -205,6 +213,19 @@ impl MemoryStore {
         for shard in self.shards.iter() {
             shard.lock().retain(|e| e.expires_at_us > now);
         }
+    }
+
+    /// A cost-0 decision that commits: writes only a restatement (see
+    /// [`Algorithm::restates`](crate::limiter::algo::Algorithm::restates)).
+    fn look(&self, shard: &mut Table<Entry>, key: Hashed, params: &Params, now: u64) {
+        let call = LimitCall {
+            key: String::new(),
+            params: *params,
+            cost: 0,
+            shadow: true,
+            op: algo::Op::Decide,
+        };
+        self.apply(shard, key, &call, 0, now, true);
     }
 
     /// Run one limit's call on a locked shard; with `commit`, write what the algorithm wrote.
