@@ -44,10 +44,9 @@ end
 -- The debt at now in µs at the current interval, and whether the state must be written again
 -- to say so (read at another interval, or held to the 2·C·I bound). GET, not MGET: a key of
 -- another type is an error (nothing written), not a fresh bucket written over it.
-local function gcra_debt(key, p, now)
+local function gcra_debt(key, ikey, p, now)
   local tat = int(redis.call('GET', key))
   if tat == nil or tat <= now then return 0, false end
-  local ikey = gcra_interval_key(key)
   local was = ikey and int(redis.call('GET', ikey))
   local c, i = p.capacity, p.interval
   local bound = 2 * c * i
@@ -64,33 +63,36 @@ local function gcra_debt(key, p, now)
   return debt, rescaled
 end
 
-local function gcra_write(key, now, debt, i)
+-- The interval first: should its write fail (a Cluster slot mid-migration), nothing of the
+-- request is charged yet.
+local function gcra_write(key, ikey, now, debt, i)
   local px = fmt(idiv(debt + 999, 1000))
-  redis.call('SET', key, fmt(now + debt), 'PX', px)
-  local ikey = gcra_interval_key(key)
   if ikey then redis.call('SET', ikey, fmt(i), 'PX', px) end
+  redis.call('SET', key, fmt(now + debt), 'PX', px)
 end
 
 ALGO.gcra = function(key, p, now, cost, commit)
   local c, i = p.capacity, p.interval
   local full = c * i
-  local debt, restate = gcra_debt(key, p, now)
+  local ikey = gcra_interval_key(key)
+  local debt, restate = gcra_debt(key, ikey, p, now)
   local remaining = idiv(max(full - debt, 0), i)
   if cost > c then return 2, c, remaining, 0, debt end
   -- A state read at another interval is written as read (nothing charged), so that the
   -- wait and reset stated are what the next reading finds.
-  if restate and commit then gcra_write(key, now, debt, i) end
+  if restate and commit then gcra_write(key, ikey, now, debt, i) end
   if cost == 0 then return 0, c, remaining, 0, debt end
   local debt2 = debt + cost * i
   if debt2 > full then return 1, c, remaining, debt2 - full, debt end
-  if commit then gcra_write(key, now, debt2, i) end
+  if commit then gcra_write(key, ikey, now, debt2, i) end
   return 0, c, idiv(full - debt2, i), 0, debt2
 end
 
 -- Charge whatever is left (after the answer): the TAT goes at most 2·C·I ahead.
 CHARGE.gcra = function(key, p, now, cost)
   local c, i = p.capacity, p.interval
-  local debt2 = min(gcra_debt(key, p, now) + cost * i, 2 * c * i)
-  gcra_write(key, now, debt2, i)
+  local ikey = gcra_interval_key(key)
+  local debt2 = min(gcra_debt(key, ikey, p, now) + cost * i, 2 * c * i)
+  gcra_write(key, ikey, now, debt2, i)
   return 0, c, idiv(max(c * i - debt2, 0), i), 0, debt2
 end

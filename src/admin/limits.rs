@@ -70,14 +70,21 @@ pub(super) async fn state(
 }
 
 /// Reset one key in the store, and wherever this gateway keeps a copy of its decisions.
-/// The copies go first: while Redis is down, the embedded store is the one `on_error: local`
-/// decides with, and its reset must not wait on (or fail with) Redis's.
+/// The embedded copy goes first: while Redis is down, it is the one `on_error: local` decides
+/// with, and its reset must not wait on (or fail with) Redis's. The deny cache is cleared
+/// after the store's reset too: a refusal cached from the old state between the two would
+/// otherwise outlive the reset.
 pub(super) async fn reset_key(gw: &Gateway, key: &str) -> Result<(), StoreError> {
     gw.local.reset(key);
-    if let Some(deny) = &gw.deny {
-        deny.forget(key);
-    }
-    gw.store.reset(key).await
+    let forget = || {
+        if let Some(deny) = &gw.deny {
+            deny.forget(key);
+        }
+    };
+    forget();
+    let reset = gw.store.reset(key).await;
+    forget();
+    reset
 }
 
 pub(crate) async fn reset(

@@ -70,15 +70,16 @@ fn parse_hop(s: &str) -> Option<IpAddr> {
 /// The `for=` values of a `Forwarded` field (RFC 7239 §4), one per element that has one, in
 /// order, into `hops`; `unknown` and obfuscated identifiers are not addresses. Elements and
 /// pairs are split outside quoted strings, so `host="a,for=9.9.9.9"` is one pair whose quoted
-/// text names nobody. An element that does not parse (an unclosed quote, a pair without `=`,
+/// text names nobody. An element that does not parse (a quote left open, a pair without `=`,
 /// `for` twice, a byte that is not ASCII) is a malformed hop, which stops the walk there.
 fn forwarded_for(v: &[u8], hops: &mut Vec<Option<IpAddr>>) {
-    let Some(elements) = split_unquoted(v, b',') else {
-        // Where the unclosed quote began, nothing to its right can be told apart.
-        hops.push(None);
-        return;
-    };
-    for elem in elements {
+    // A quote left open (a client's `for="x`, to which a proxy appended its own element on
+    // the same line) cannot say where quoted text ends: the line is then split at every
+    // comma, and the elements whose quotes do not pair are malformed. The proxies' elements,
+    // appended to the right, still count, and whatever a client wrote stays to their left,
+    // where the walk from the right stops first.
+    let plain = || v.split(|&b| b == b',').collect();
+    for elem in split_unquoted(v, b',').unwrap_or_else(plain) {
         if let Some(hop) = element_for(elem) {
             hops.push(hop);
         }
@@ -87,8 +88,11 @@ fn forwarded_for(v: &[u8], hops: &mut Vec<Option<IpAddr>>) {
 
 /// One element's `for=` address: `None` without one, `Some(None)` if malformed.
 fn element_for(elem: &[u8]) -> Option<Option<IpAddr>> {
+    let Some(pairs) = split_unquoted(elem, b';') else {
+        return Some(None);
+    };
     let mut found = None;
-    for pair in split_unquoted(elem, b';').expect("its element's quotes are closed") {
+    for pair in pairs {
         let pair = pair.trim_ascii();
         if pair.is_empty() {
             continue;
@@ -572,10 +576,20 @@ mod tests {
             let hdr = h(&[("forwarded", v)]);
             assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("5.5.5.5"), "{v}");
         }
+        // An unclosed quote spoils its own element only: a proxy's element appended on the
+        // same line still counts, and what the client wrote stays to its left.
+        for v in [
+            r#"for="x, for=5.5.5.7"#,
+            r#"for="x, for="5.5.5.7:80""#,
+            r#"host="a,for=9.9.9.2, for=5.5.5.7"#,
+        ] {
+            let hdr = h(&[("forwarded", v)]);
+            assert_eq!(r.client_ip(ip("127.0.0.1"), &hdr), ip("5.5.5.7"), "{v}");
+        }
         // Malformed: an unclosed quote, a pair without `=`, `for` twice in one element. The
         // walk stops at them (the proxy is the client), whatever the element holds.
         for v in [
-            r#"for=5.5.5.5;host="a,for=9.9.9.2"#,
+            r#"for=5.5.5.5;host="a"#,
             "for=5.5.5.5;junk",
             "for=5.5.5.5;for=9.9.9.3",
         ] {
