@@ -922,12 +922,13 @@ fn dripping_upstream(head: &'static str, rest: &'static [u8], every: Duration) -
     })
 }
 
-/// An upstream that stops mid-body is cut after `timeout` without a byte (nginx's
+/// An upstream that stops mid-body is cut after `idle_timeout` without a byte (nginx's
 /// `proxy_read_timeout`, HAProxy's `timeout server`), so a stuck handler cannot hold the
 /// client, the connection and its concurrency slot forever; a body that keeps dripping
-/// (a byte every 0.3 s against a 1 s timeout, 1.5 s in all) is never cut.
+/// (a byte every 0.3 s against 1 s, 1.5 s in all) is never cut, nor is one resting longer
+/// than the head's `timeout` (1.2 s against 1 s) while under `idle_timeout` (60 s by default).
 #[test]
-fn an_upstream_that_stops_mid_body_is_cut_after_its_timeout() {
+fn an_upstream_that_stops_mid_body_is_cut_after_its_idle_timeout() {
     let stuck = dripping_upstream(
         "HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf",
         b"",
@@ -938,11 +939,20 @@ fn an_upstream_that_stops_mid_body_is_cut_after_its_timeout() {
         b"drops",
         Duration::from_millis(300),
     );
+    let resting = dripping_upstream(
+        "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n",
+        b"ok",
+        Duration::from_millis(1200),
+    );
     let s = Sluice::start(&format!(
         "upstreams:
-  stuck: {{ targets: [\"http://{stuck}\"], timeout: 1s }}
-  dripping: {{ targets: [\"http://{dripping}\"], timeout: 1s }}
+  stuck: {{ targets: [\"http://{stuck}\"], idle_timeout: 1s }}
+  dripping: {{ targets: [\"http://{dripping}\"], idle_timeout: 1s }}
+  resting: {{ targets: [\"http://{resting}\"], timeout: 1s }}
 routes:
+  - name: resting
+    match: {{ path_prefix: /rest }}
+    upstream: resting
   - name: stuck
     match: {{ path_prefix: /stuck }}
     upstream: stuck
@@ -996,4 +1006,11 @@ routes:
     );
     assert_eq!(status(&ex), 200, "{}", ex.text());
     assert_eq!(ex.one().text(), "drops");
+    let ex = exchange(
+        s.addr,
+        b"GET /rest HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert_eq!(status(&ex), 200, "{}", ex.text());
+    assert_eq!(ex.one().text(), "ok");
 }

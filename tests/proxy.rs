@@ -254,6 +254,12 @@ routes:
     );
     assert_eq!(status, 200);
     assert_eq!(echo.unwrap()["headers"]["x-real-ip"][0], "5.5.5.5");
+    // A quote the client left open does not swallow what the proxy appended to its line.
+    let (status, echo) = one(
+        b"GET /echo HTTP/1.1\r\nHost: a\r\nForwarded: for=\"x, for=203.0.113.70\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(echo.unwrap()["headers"]["x-real-ip"][0], "203.0.113.70");
     // A fresh quoted address buys nothing: it is still 5.5.5.5's one request an hour.
     let (status, _) = one(
         b"GET /echo HTTP/1.1\r\nHost: a\r\nForwarded: proto=http;host=\"x;for=9.9.8.2\";for=\"5.5.5.5:1234\"\r\nConnection: close\r\n\r\n",
@@ -715,14 +721,14 @@ async fn websocket_upgrade_passes_through() {
     }
 }
 
-/// A tunnel with no byte either way for the upstream's `timeout` (1 s here) is closed, as
-/// nginx closes one after `proxy_read_timeout`: a client that upgrades and goes silent would
-/// otherwise hold both sockets, and any concurrency slot, until the process stops. One that
-/// keeps talking (a frame every 0.4 s for 2 s) is never cut.
+/// A tunnel with no byte either way for the upstream's `idle_timeout` (1 s here) is closed,
+/// as nginx closes one after `proxy_read_timeout`: a client that upgrades and goes silent
+/// would otherwise hold both sockets, and any concurrency slot, until the process stops. One
+/// that keeps talking (a frame every 0.4 s for 2 s) is never cut.
 #[test]
-fn an_idle_tunnel_is_closed_after_the_upstreams_timeout() {
+fn an_idle_tunnel_is_closed_after_the_upstreams_idle_timeout() {
     let up = Upstream::start();
-    let s = Sluice::start(&plain(&up));
+    let s = Sluice::start(&plain(&up).replace("timeout: 1s,", "timeout: 1s, idle_timeout: 1s,"));
     let (head, mut st) = support::raw::websocket(s.addr);
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     for _ in 0..5 {

@@ -274,6 +274,7 @@ pub fn compile(
             targets,
             connect_timeout: c.duration(&format!("{base}.connect_timeout"), &u.connect_timeout),
             timeout: c.duration(&format!("{base}.timeout"), &u.timeout),
+            idle_timeout: c.duration(&format!("{base}.idle_timeout"), &u.idle_timeout),
         });
     }
 

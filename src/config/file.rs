@@ -399,6 +399,8 @@ pub struct Upstream {
     pub connect_timeout: String,
     #[serde(default = "d_up_timeout")]
     pub timeout: String,
+    #[serde(default = "d_idle_timeout")]
+    pub idle_timeout: String,
     #[serde(default)]
     pub tls: Option<ClientTls>,
 }
@@ -408,6 +410,10 @@ fn d_connect() -> String {
 }
 fn d_up_timeout() -> String {
     "30s".into()
+}
+/// nginx's `proxy_read_timeout` and Kong's `read_timeout` default.
+fn d_idle_timeout() -> String {
+    "60s".into()
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

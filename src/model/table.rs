@@ -79,6 +79,8 @@ pub struct UpstreamSpec {
     pub targets: Vec<http::uri::Authority>,
     pub connect_timeout: Duration,
     pub timeout: Duration,
+    /// How long an answer's body or an upgraded connection may go without a byte.
+    pub idle_timeout: Duration,
     /// `Some` for `https://` targets (all of an upstream's targets share one scheme).
     pub tls: Option<ClientTls>,
 }

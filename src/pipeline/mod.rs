@@ -447,7 +447,7 @@ impl Gateway {
             (true, Some(client)) => {
                 // The tunnel is the request in flight: its concurrency slots go with it, not
                 // with the 101's empty body.
-                let idle = upstream.spec().timeout;
+                let idle = upstream.spec().idle_timeout;
                 let leases = ctx.leases.take();
                 let drain = ctx.conn.drain.clone();
                 tunnel::spawn(client, hyper::upgrade::on(&mut res), idle, leases, drain);

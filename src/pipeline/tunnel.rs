@@ -1,6 +1,6 @@
 //! An upgraded connection (a `101 Switching Protocols`, WebSocket's): once both sides have
 //! switched, bytes are copied both ways until either closes, the tunnel stays idle for the
-//! upstream's `timeout`, or the listener's drain deadline cuts it.
+//! upstream's `idle_timeout`, or the listener's drain deadline cuts it.
 
 use std::io;
 use std::pin::Pin;
@@ -23,9 +23,9 @@ use super::settle::Leases;
 ///
 /// Idle means no byte either way for `idle`: a client (or upstream) that opens a tunnel and
 /// goes silent would otherwise hold both sockets and any slot until the process stops. As
-/// nginx cuts a tunnel after `proxy_read_timeout` without a read, so the upstream's
-/// `timeout` here; an application whose tunnels rest longer sends pings (WebSocket's are
-/// bytes like any other) or has a longer `timeout`.
+/// nginx cuts a tunnel after `proxy_read_timeout` without a read (60 s by default), so the
+/// upstream's `idle_timeout` here; an application whose tunnels rest longer sends pings
+/// (WebSocket's are bytes like any other) or sets a longer one.
 pub fn spawn(
     client: OnUpgrade,
     upstream: OnUpgrade,
@@ -70,8 +70,9 @@ pub fn spawn(
     });
 }
 
-/// One side of the tunnel: each read that brings bytes stamps `moved` (milliseconds since
-/// `born`), so the idle clock restarts whichever way bytes go.
+/// One side of the tunnel: each read that brings bytes and each write that takes some stamps
+/// `moved` (milliseconds since `born`), so the idle clock restarts whichever way bytes go,
+/// and a slow reader still draining what was read is not idle.
 struct Watched<T> {
     io: T,
     moved: Arc<AtomicU64>,
@@ -88,6 +89,14 @@ impl<T> Watched<T> {
     }
 }
 
+impl<T> Watched<T> {
+    /// Bytes moved now.
+    fn stamp(&self) {
+        let ms = self.born.elapsed().as_millis() as u64;
+        self.moved.store(ms, Ordering::Relaxed);
+    }
+}
+
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -97,8 +106,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
-            let ms = self.born.elapsed().as_millis() as u64;
-            self.moved.store(ms, Ordering::Relaxed);
+            self.stamp();
         }
         polled
     }
@@ -110,7 +118,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.io).poll_write(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.stamp();
+        }
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -149,7 +149,7 @@ impl Upstream {
     ) -> Upstream {
         let connector = Connector {
             connect_timeout: spec.connect_timeout,
-            read_timeout: spec.timeout,
+            read_timeout: spec.idle_timeout,
             tls: tls.map(TlsConnector::from),
         };
         let (targets, dests) = spec.targets.iter().map(|a| target(a, spec)).unzip();

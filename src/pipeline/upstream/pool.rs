@@ -64,7 +64,7 @@ pub(super) enum SendError {
 pub(super) struct Connector {
     pub connect_timeout: Duration,
     /// How long an answer's body may keep the gateway waiting for its next bytes (the
-    /// upstream's `timeout`): see [`Streamed`].
+    /// upstream's `idle_timeout`): see [`Streamed`].
     pub read_timeout: Duration,
     /// For https upstreams.
     pub tls: Option<TlsConnector>,
@@ -234,7 +234,7 @@ impl Pool {
         let stall = Stall {
             after: self.connector.read_timeout,
             timer: None,
-            waiting: false,
+            since: None,
         };
         res.map(|body| Streamed { body, lent, stall })
     }
@@ -244,7 +244,7 @@ impl Pool {
 ///
 /// An upstream that stops sending its body (a handler stuck mid-answer, a peer gone without a
 /// reset) would hold the client, the connection and any concurrency slot forever: after
-/// `timeout` without a byte while the gateway waits for one, the body fails, the client's
+/// `idle_timeout` without a byte while the gateway waits for one, the body fails, the client's
 /// connection is cut (HTTP/2: its stream reset) and the upstream's closed. The clock runs only
 /// while the gateway waits on the upstream, not while a slow client keeps it writing (that is
 /// `send_timeout`'s), so it is nginx's `proxy_read_timeout` and HAProxy's `timeout server`:
@@ -257,10 +257,11 @@ pub struct Streamed {
 
 struct Stall {
     after: Duration,
-    /// Made at the first wait (most bodies arrive with their head and never wait).
+    /// Made at the first wait, and moved only when it fires early: a wait that begins reads
+    /// the clock, but sets no timer.
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
-    /// Whether the last poll found nothing: the timer runs from that poll.
-    waiting: bool,
+    /// When the current wait began; `None` while the last poll found a frame.
+    since: Option<tokio::time::Instant>,
 }
 
 /// The upstream sent no body bytes for this long while the gateway waited.
@@ -290,28 +291,23 @@ impl HttpBody for Streamed {
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
-            this.stall.waiting = false;
+            this.stall.since = None;
             return Poll::Ready(frame.map(|r| r.map_err(BoxError::from)));
         }
         let stall = &mut this.stall;
-        if !stall.waiting {
-            stall.waiting = true;
-            let deadline = tokio::time::Instant::now() + stall.after;
-            match &mut stall.timer {
-                Some(timer) => timer.as_mut().reset(deadline),
-                None => stall.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+        let since = *stall.since.get_or_insert_with(tokio::time::Instant::now);
+        let deadline = since + stall.after;
+        let timer = stall
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        // Set for an earlier wait: moved to this one's deadline, then polled again.
+        while timer.as_mut().poll(cx).is_ready() {
+            if timer.deadline() >= deadline {
+                return self.stalled();
             }
+            timer.as_mut().reset(deadline);
         }
-        let timer = stall.timer.as_mut().expect("set above");
-        if timer.as_mut().poll(cx).is_pending() {
-            return Poll::Pending;
-        }
-        tracing::warn!(
-            upstream = %self.target_name(),
-            after = ?self.stall.after,
-            "upstream stopped sending its answer's body: the answer is cut"
-        );
-        Poll::Ready(Some(Err(Box::new(Stalled(self.stall.after)))))
+        Poll::Pending
     }
 
     fn is_end_stream(&self) -> bool {
@@ -324,6 +320,16 @@ impl HttpBody for Streamed {
 }
 
 impl Streamed {
+    /// The body waited `after` for bytes: logged, and failed (the client's answer is cut).
+    fn stalled(&self) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        tracing::warn!(
+            upstream = %self.target_name(),
+            after = ?self.stall.after,
+            "upstream stopped sending its answer's body: the answer is cut"
+        );
+        Poll::Ready(Some(Err(Box::new(Stalled(self.stall.after)))))
+    }
+
     /// The target answering, `host:port`, for the log.
     fn target_name(&self) -> String {
         let Some(lent) = &self.lent else {
