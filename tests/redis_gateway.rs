@@ -1114,6 +1114,12 @@ async fn a_timed_out_concurrency_decision_refused_locally_leaves_no_slot_held() 
     // free both slots.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let members = redis.conn().cmd(&["KEYS", "*"]);
+    // In Redis itself, whatever decides the next request: no slot is held.
+    let mut conn = redis.conn();
+    for key in conn.cmd(&["KEYS", "*:concurrency:*"]).as_array() {
+        let held = conn.cmd(&["ZCARD", &key.as_str()]).as_int();
+        assert_eq!(held, 0, "{} holds a slot no request has", key.as_str());
+    }
     let third = hit(&c, &s, "/slow?ms=1", ip).await;
     assert_eq!(
         third.status,

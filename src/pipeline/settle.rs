@@ -92,17 +92,9 @@ impl Owed {
         headers: Option<&HeaderMap>,
     ) -> Vec<(usize, Decision)> {
         self.settled = true;
-        let (which, calls) = self.bill(status, headers);
-        if calls.is_empty() {
+        let Some(charging) = self.charging(status, headers) else {
             return Vec::new();
-        }
-        let (store, metrics, live, route) = (
-            self.store.clone(),
-            self.metrics.clone(),
-            self.live.clone(),
-            self.route,
-        );
-        let charging = async move { charge(&store, &metrics, &live, route, which, calls).await };
+        };
         if matches!(self.store, Store::Memory(_)) {
             return charging.await;
         }
@@ -110,6 +102,26 @@ impl Owed {
         // whose caller is gone is never sent (a queued decision must not run for nobody).
         // The charge must be made all the same.
         counted(charging).await.unwrap_or_default()
+    }
+
+    /// The one store call that charges an answer of `status` with `headers`, owning what it
+    /// needs; `None` when the answer charges nothing.
+    fn charging(
+        &self,
+        status: u16,
+        headers: Option<&HeaderMap>,
+    ) -> Option<impl std::future::Future<Output = Vec<(usize, Decision)>> + Send + 'static> {
+        let (which, calls) = self.bill(status, headers);
+        if calls.is_empty() {
+            return None;
+        }
+        let (store, metrics, live, route) = (
+            self.store.clone(),
+            self.metrics.clone(),
+            self.live.clone(),
+            self.route,
+        );
+        Some(async move { charge(&store, &metrics, &live, route, which, calls).await })
     }
 
     /// The charge calls: cost by the answer, nothing for limits it does not concern.
@@ -145,19 +157,11 @@ impl Drop for Owed {
         if self.settled {
             return;
         }
-        let (which, calls) = self.bill(CLIENT_GONE, None);
-        if calls.is_empty() {
-            return;
+        if let Some(charging) = self.charging(CLIENT_GONE, None) {
+            spawn(async move {
+                charging.await;
+            });
         }
-        let (store, metrics, live, route) = (
-            self.store.clone(),
-            self.metrics.clone(),
-            self.live.clone(),
-            self.route,
-        );
-        spawn(async move {
-            charge(&store, &metrics, &live, route, which, calls).await;
-        });
     }
 }
 
