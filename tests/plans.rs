@@ -900,3 +900,60 @@ async fn the_admin_api_reaches_plan_limits_and_consumer_keys() {
     assert_eq!(admin(http::Method::DELETE, path).await.status, 204);
     assert_eq!(peek(path).await.json()["remaining"], 3);
 }
+
+/// With Redis down, `DELETE /admin/consumers/{name}` answers 503 but resets every plan key's
+/// copy in the embedded store that `on_error: local` decides with meanwhile: the reset went
+/// on past the first key's store error (it stopped there, so a consumer held by its plan's
+/// second limit stayed refused).
+#[tokio::test]
+async fn a_consumers_reset_with_redis_down_resets_every_local_copy() {
+    let mut redis = RedisServer::start();
+    let up = Upstream::start();
+    let s = Sluice::start(&format!(
+        "store:
+  kind: redis
+  redis: {{ url: \"{}\", timeout: 100ms }}
+  on_error: local
+identities:
+  api_key: {{ header: X-API-Key }}
+plans:
+  p:
+    limits:
+      - {{ name: loose, algorithm: sliding_log, rate: 100/1m }}
+      - {{ name: tight, algorithm: fixed_window, rate: 2/1h }}
+consumers:
+  - name: demo
+    plan: p
+    keys: [{FREE_KEY}]
+upstreams:
+  up: {{ targets: [{}] }}
+routes:
+  - name: b
+    match: {{ path_prefix: /b }}
+    upstream: up
+    consumers: required
+",
+        redis.url(),
+        up.url()
+    ));
+    let c = client();
+    s.wait_log(&["store reachable"]);
+    redis.kill();
+    // Decided by the embedded store now: the plan's second limit refuses the third.
+    assert_eq!(statuses(&c, &s, "/b", FREE_KEY, 3).await, [200, 200, 429]);
+    let r = send(
+        &c,
+        http::Method::DELETE,
+        &s.admin_url("/admin/consumers/demo"),
+        &[],
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(
+        statuses(&c, &s, "/b", FREE_KEY, 1).await,
+        [200],
+        "{}",
+        s.log()
+    );
+}
