@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use super::context::{Drain, Phase};
 use super::settle::Leases;
+use super::upstream::{at_ms, ms_at};
 
 /// Run the tunnel on its own task. It holds `leases` (its concurrency slots: nginx's
 /// `limit_conn` counts an upgraded connection for its life) and `drain` (its listener's drain
@@ -34,12 +35,11 @@ pub fn spawn(
     mut drain: Option<Drain>,
 ) {
     tokio::spawn(async move {
-        let moved = Arc::new(AtomicU64::new(0));
-        let born = Instant::now();
+        let moved = Arc::new(AtomicU64::new(ms_at(std::time::Instant::now())));
         let tunnel = async {
             if let (Ok(c), Ok(u)) = tokio::join!(client, upstream) {
-                let mut c = Watched::new(TokioIo::new(c), &moved, born);
-                let mut u = Watched::new(TokioIo::new(u), &moved, born);
+                let mut c = Watched::new(TokioIo::new(c), &moved);
+                let mut u = Watched::new(TokioIo::new(u), &moved);
                 let _ = tokio::io::copy_bidirectional(&mut c, &mut u).await;
             }
         };
@@ -53,7 +53,7 @@ pub fn spawn(
         };
         let quiet = async {
             loop {
-                let last = born + Duration::from_millis(moved.load(Ordering::Relaxed));
+                let last = Instant::from_std(at_ms(moved.load(Ordering::Relaxed)));
                 if last + idle <= Instant::now() {
                     return;
                 }
@@ -71,20 +71,18 @@ pub fn spawn(
 }
 
 /// One side of the tunnel: each read that brings bytes and each write that takes some stamps
-/// `moved` (milliseconds since `born`), so the idle clock restarts whichever way bytes go,
+/// `moved` ([`ms_at`]), so the idle clock restarts whichever way bytes go,
 /// and a slow reader still draining what was read is not idle.
 struct Watched<T> {
     io: T,
     moved: Arc<AtomicU64>,
-    born: Instant,
 }
 
 impl<T> Watched<T> {
-    fn new(io: T, moved: &Arc<AtomicU64>, born: Instant) -> Watched<T> {
+    fn new(io: T, moved: &Arc<AtomicU64>) -> Watched<T> {
         Watched {
             io,
             moved: moved.clone(),
-            born,
         }
     }
 }
@@ -92,7 +90,7 @@ impl<T> Watched<T> {
 impl<T> Watched<T> {
     /// Bytes moved now.
     fn stamp(&self) {
-        let ms = self.born.elapsed().as_millis() as u64;
+        let ms = ms_at(std::time::Instant::now());
         self.moved.store(ms, Ordering::Relaxed);
     }
 }

@@ -124,13 +124,14 @@ fn target(authority: &Authority, spec: &UpstreamSpec) -> (Target, Dest) {
     (target, dest)
 }
 
-/// Milliseconds from process start to `at`.
-fn ms_at(at: Instant) -> u64 {
+/// Milliseconds from process start to `at`: an instant that fits an atomic, for activity
+/// stamped by one task and read by another (an upload's progress, a tunnel's bytes).
+pub(super) fn ms_at(at: Instant) -> u64 {
     at.saturating_duration_since(start()).as_millis() as u64
 }
 
 /// The instant `ms` milliseconds after process start (the inverse of [`ms_at`]).
-fn at_ms(ms: u64) -> Instant {
+pub(super) fn at_ms(ms: u64) -> Instant {
     start() + Duration::from_millis(ms)
 }
 
