@@ -132,18 +132,20 @@ fn split_unquoted(s: &[u8], sep: u8) -> Option<Vec<&[u8]>> {
     (!quoted).then_some(parts)
 }
 
-/// A value as a token or a quoted string, its escapes undone; `None` if it is not ASCII.
-fn unquote(v: &[u8]) -> Option<String> {
+/// A value as a token or a quoted string, its escapes undone (copied only then); `None` if it
+/// is not ASCII.
+fn unquote(v: &[u8]) -> Option<Cow<'_, str>> {
     let v = std::str::from_utf8(v).ok().filter(|v| v.is_ascii())?;
-    let Some(inner) = v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) else {
-        return Some(v.to_owned());
+    let inner = v.strip_prefix('"').and_then(|v| v.strip_suffix('"'));
+    let Some(inner) = inner.filter(|i| i.contains('\\')) else {
+        return Some(Cow::Borrowed(inner.unwrap_or(v)));
     };
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars();
     while let Some(c) = chars.next() {
         out.push(if c == '\\' { chars.next()? } else { c });
     }
-    Some(out)
+    Some(Cow::Owned(out))
 }
 
 /// An identity the request gives more than one value for. The gateway would count one while
