@@ -16,31 +16,6 @@ local function gcra_interval_key(key)
   return nil
 end
 
--- ceil(debt · i / was), exact (the product passes 2^53), or anything above bound if that
--- is: the units owed at interval `was`, to the µs at interval `i`. Whole units first; the part
--- unit r < was by long division over the bits of i, so no value passes 3·was.
-local function gcra_rescale(debt, was, i, bound)
-  local q = idiv(debt, was)
-  if q * i > bound then return bound + 1 end
-  local r = debt - q * was
-  local bits, n = {}, i
-  while n > 0 do
-    bits[#bits + 1] = n % 2
-    n = (n - n % 2) / 2
-  end
-  local aq, ar = 0, 0 -- aq·was + ar = r · (the bits of i read so far), ar < was
-  for k = #bits, 1, -1 do
-    aq, ar = 2 * aq, 2 * ar
-    if ar >= was then aq, ar = aq + 1, ar - was end
-    if bits[k] == 1 then
-      ar = ar + r
-      if ar >= was then aq, ar = aq + 1, ar - was end
-    end
-  end
-  if ar > 0 then aq = aq + 1 end
-  return q * i + aq
-end
-
 -- The debt at now in µs at the current interval, and whether the state must be written again
 -- to say so (read at another interval, or held to the 2·C·I bound). GET, not MGET: a key of
 -- another type is an error (nothing written), not a fresh bucket written over it.
@@ -53,7 +28,7 @@ local function gcra_debt(key, ikey, p, now)
   local kept = was ~= nil and was > 0
   local debt = tat - now
   local rescaled = kept and was ~= i
-  if rescaled then debt = gcra_rescale(debt, was, i, bound) end
+  if rescaled then debt = rescale(debt, was, i, bound) end
   if debt > bound then
     -- Only a lowered burst (or a clock step) on a state written here: held to the bound.
     -- Without a kept interval (corruption, an older version's clock step): fresh.

@@ -42,6 +42,32 @@ local function idiv(a, b)
   return q
 end
 
+-- Time owed, written at interval `was`, read at interval `i` (gcra's TAT, token_bucket's debt):
+-- ceil(debt · i / was), exact (the product passes 2^53), or anything above bound if that
+-- is: the units owed at interval `was`, to the µs at interval `i`. Whole units first; the part
+-- unit r < was by long division over the bits of i, so no value passes 3·was.
+local function rescale(debt, was, i, bound)
+  local q = idiv(debt, was)
+  if q * i > bound then return bound + 1 end
+  local r = debt - q * was
+  local bits, n = {}, i
+  while n > 0 do
+    bits[#bits + 1] = n % 2
+    n = (n - n % 2) / 2
+  end
+  local aq, ar = 0, 0 -- aq·was + ar = r · (the bits of i read so far), ar < was
+  for k = #bits, 1, -1 do
+    aq, ar = 2 * aq, 2 * ar
+    if ar >= was then aq, ar = aq + 1, ar - was end
+    if bits[k] == 1 then
+      ar = ar + r
+      if ar >= was then aq, ar = aq + 1, ar - was end
+    end
+  end
+  if ar > 0 then aq = aq + 1 end
+  return q * i + aq
+end
+
 -- TTL in the same script as the write, rounded up to whole ms, never 0.
 local function expire_us(key, ttl_us)
   local ms = idiv(ttl_us + 999, 1000)

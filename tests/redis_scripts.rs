@@ -479,6 +479,34 @@ fn buckets_keep_the_units_owed_across_new_rates() {
         conn.cmd_ok(&["GET", "gcra:rate:{k}:i"]).as_str(),
         (60 * S).to_string()
     );
+    // A token bucket's debt (a charge by the answer) likewise: 30 tokens owed at one a
+    // second are 30 minutes at one a minute, restated with its interval.
+    let (fast, slow) = (
+        params(Algorithm::TokenBucket, 60, 60 * S, None),
+        params(Algorithm::TokenBucket, 60, 3600 * S, None),
+    );
+    let key = "tb:rate:{k}";
+    let charge = LimitCall {
+        op: Op::Charge,
+        ..limit(key, fast, 90)
+    };
+    assert_eq!(lua.at(&charge, T0).remaining, 0);
+    let d = lua.at(&limit(key, slow, 1), T0);
+    assert_eq!(
+        (d.code, d.retry_after_us),
+        (Code::Limited, 30 * 60 * S + 60 * S)
+    );
+    let Resp::Array(Some(state)) = conn.cmd_ok(&["HMGET", key, "n", "t", "i"]) else {
+        panic!("HMGET gives an array");
+    };
+    assert_eq!(
+        state.iter().map(Resp::as_str).collect::<Vec<_>>(),
+        [
+            "0".to_string(),
+            (T0 + 30 * 60 * S).to_string(),
+            (60 * S).to_string()
+        ]
+    );
 
     // Random schedules over several rates and bursts per key, with charges by the answer
     // (debts a lowered burst must hold to its bound): token_bucket as well.

@@ -7,7 +7,7 @@
 //! plan) keeps the units owed rather than the time (`60/1m` tightened to `60/1h` owes the same
 //! 60 units, an hour's worth, not 60 seconds' worth, which read at the new rate would give an
 //! exhausted client 59 of 60 back).
-use super::{verdict, Code, Params, Verdict};
+use super::{at_interval, verdict, Code, Params, Verdict};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
@@ -33,15 +33,7 @@ fn debt(p: &Params, state: &Option<State>, now: u64) -> (u64, bool) {
         return (0, false);
     };
     let bound = 2 * p.capacity * p.interval_us;
-    let mut d = s.tat.saturating_sub(now);
-    let rescaled = s.interval != 0 && s.interval != p.interval_us && d > 0;
-    if rescaled {
-        // To the µs, rounded up: the units owed, a part unit kept as the same part (a whole
-        // one here would be given again at every read under another rate, and two gateways
-        // running two rates during a rollout would refill a client nothing).
-        let scaled = (u128::from(d) * u128::from(p.interval_us)).div_ceil(u128::from(s.interval));
-        d = u64::try_from(scaled).unwrap_or(u64::MAX);
-    }
+    let (d, rescaled) = at_interval(s.tat.saturating_sub(now), s.interval, p.interval_us);
     match d > bound {
         false => (d, rescaled),
         true if s.interval != 0 => (bound, true),

@@ -254,12 +254,25 @@ pub(crate) fn verdict(
     }
 }
 
+/// Time owed `d` µs, written at interval `was` (0: not known, a state of an older version),
+/// in µs at interval `i`: the units owed kept to the µs, rounded up (never less owed than
+/// before; a part unit stays the same part, so two gateways running two rates during a
+/// rollout refill nobody), and whether that changed it. GCRA's TAT and token_bucket's debt;
+/// twin of `rescale` in `lua/lib.lua`.
+fn at_interval(d: u64, was: u64, i: u64) -> (u64, bool) {
+    if was == 0 || was == i || d == 0 {
+        return (d, false);
+    }
+    let scaled = (u128::from(d) * u128::from(i)).div_ceil(u128::from(was));
+    (u64::try_from(scaled).unwrap_or(u64::MAX), true)
+}
+
 /// Decide one request of `cost` units at store time `now` (µs).
 ///
 /// With `commit == false` this is a dry run: `state` is left exactly as it was whatever the
 /// outcome. With `commit == true`, an admitted request updates `state` (possibly to `None`,
 /// meaning "delete the key"); a code-2 request never changes it, and a limited one only
-/// restates it as read (GCRA's state read at another interval: [`gcra`]). A state of the
+/// restates it as read (time owed read at another interval: [`gcra`], [`token_bucket`]). A state of the
 /// wrong variant (cannot happen with well-formed keys) counts as fresh.
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     macro_rules! run {
@@ -510,7 +523,13 @@ mod tests {
                 (m, future),
                 (0, 0),
             ]
-            .map(|(tokens, t)| State::TokenBucket(token_bucket::State { tokens, t }))
+            .map(|(tokens, t)| {
+                State::TokenBucket(token_bucket::State {
+                    tokens,
+                    t,
+                    interval: 0,
+                })
+            })
             .to_vec(),
             Algorithm::LeakyBucket => [(m, 0), (0, m), (m, m), (0, now - 20 * YEAR), (0, future)]
                 .map(|(level, t)| State::LeakyBucket(leaky_bucket::State { level, t }))

@@ -4,37 +4,46 @@
 //!
 //! A charge after the answer ([`charge`]) may take more than is left: the bucket then owes
 //! tokens, stored as no tokens until a `t` in the future, at most one bucket's worth
-//! (C·I) ahead, so later requests wait the debt out and the long-run rate holds. A lowered
-//! burst holds such a debt to the new C·I rather than forgetting it.
-use super::{verdict, Code, Params, Verdict};
+//! (C·I) ahead, so later requests wait the debt out and the long-run rate holds. The debt
+//! keeps the interval it was written at, so that a new rate (a reload, a plan change) keeps
+//! the tokens owed rather than the time, and a lowered burst holds it to the new C·I rather
+//! than forgetting it.
+use super::{at_interval, verdict, Code, Params, Verdict};
 
 /// `tokens` were valid at `t`; the next token arrives at t + I.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     pub tokens: u64,
     pub t: u64,
+    /// The interval (µs) a debt (`t` after now) was written at; 0 when not known (an older
+    /// version's state), read as the current one. Nothing else reads it: a `t` in the past
+    /// is elapsed time, read at the current interval.
+    pub interval: u64,
 }
 
 /// The bucket at `now`, as (tokens, t) with t ≤ now and now − t < I unless full (t = now),
 /// or in debt: (0, t) with now < t ≤ now + C·I, no token before t + I; and whether the state
 /// must be written again to say so.
 /// Divides before adding, so a bucket idle for years cannot overflow. More than C tokens reads
-/// as C. A debt further ahead than C·I (a burst lowered after a charge by the answer, or the
-/// store clock stepped back) is held to C·I, so a lowered limit gives nobody a fresh bucket;
-/// it is restated at the next decision that commits, since a reading that changed as time
-/// passes without a write would make retries lie. Any other `t` after `now` (tokens and a
-/// future time: corruption, or the clock stepped back) reads as fresh, i.e. full: at most C
-/// at once.
+/// as C. A debt written at another interval keeps its tokens owed, to the µs. One further
+/// ahead than C·I (a burst lowered after a charge by the answer, or the store clock stepped
+/// back) is held to C·I, so a lowered limit gives nobody a fresh bucket. Either is restated
+/// at the next decision that commits, since a reading that changed as time passes without a
+/// write would make retries lie. Any other `t` after `now` (tokens and a future time:
+/// corruption, or the clock stepped back) reads as fresh, i.e. full: at most C at once.
 fn refill(p: &Params, s: Option<&State>, now: u64) -> (u64, u64, bool) {
     let (c, i) = (p.capacity, p.interval_us);
     let Some(s) = s else {
         return (c, now, false);
     };
     if s.t > now {
-        return match s.tokens {
-            0 if s.t - now <= c * i => (0, s.t, false),
-            0 => (0, now + c * i, true),
-            _ => (c, now, false),
+        if s.tokens != 0 {
+            return (c, now, false);
+        }
+        let (debt, rescaled) = at_interval(s.t - now, s.interval, i);
+        return match debt <= c * i {
+            true => (0, now + debt, rescaled),
+            false => (0, now + c * i, true),
         };
     }
     let (n, t) = (s.tokens.min(c), s.t);
@@ -48,13 +57,18 @@ fn refill(p: &Params, s: Option<&State>, now: u64) -> (u64, u64, bool) {
 
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     let (c, i) = (p.capacity, p.interval_us);
-    let (n, t, held) = refill(p, state.as_ref(), now);
+    let (n, t, rewrite) = refill(p, state.as_ref(), now);
     // Time until `need` tokens have been added: the first one arrives at t + I.
     let after = |need: u64| (t + need * i).saturating_sub(now);
-    // A debt held to its bound is written as read (nothing charged).
+    // A debt read at another interval or held to its bound is written as read (nothing
+    // charged).
     let mut restate = || {
-        (commit && held).then(|| {
-            *state = Some(State { tokens: 0, t });
+        (commit && rewrite).then(|| {
+            *state = Some(State {
+                tokens: 0,
+                t,
+                interval: i,
+            });
             after(c)
         })
     };
@@ -70,7 +84,11 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     }
     let left = n - cost;
     let ttl = commit.then(|| {
-        *state = Some(State { tokens: left, t });
+        *state = Some(State {
+            tokens: left,
+            t,
+            interval: i,
+        });
         after(c - left)
     });
     verdict(Code::Allowed, c, left, 0, after(c - left), ttl)
@@ -85,7 +103,11 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
         return decide(p, state, now, cost, true);
     }
     let t = (t + (cost - n) * i).min(now + c * i);
-    *state = Some(State { tokens: 0, t });
+    *state = Some(State {
+        tokens: 0,
+        t,
+        interval: i,
+    });
     let reset = t + c * i - now;
     verdict(Code::Allowed, c, 0, 0, reset, Some(reset))
 }
@@ -130,7 +152,8 @@ mod tests {
             st,
             Some(Any::TokenBucket(State {
                 tokens: 0,
-                t: now + 30 * S
+                t: now + 30 * S,
+                interval: S
             }))
         );
         let v = step(&after, &mut st, now, 1);
@@ -142,8 +165,55 @@ mod tests {
             st,
             Some(Any::TokenBucket(State {
                 tokens: 0,
-                t: now + 20 * S
+                t: now + 20 * S,
+                interval: S
             }))
+        );
+    }
+
+    /// A bucket owing 30 tokens at `60/1m` (30 s) still owes 30 when the rate becomes `60/1h`
+    /// (30 min, restated so), not 30 s, which read at the new interval forgave 29 of them;
+    /// and one owing 30 min at `60/1h` owes 30 s at `60/1m`, not the minute its bound would
+    /// hold it to. A state of an older version (no interval) reads as before.
+    #[test]
+    fn a_new_rate_keeps_the_tokens_owed() {
+        let fast = params(TokenBucket, 60, 60 * S, None);
+        let slow = params(TokenBucket, 60, 3600 * S, None);
+        let now = 1_700_000_000 * S;
+        for (from, to) in [(fast, slow), (slow, fast)] {
+            let mut st = None;
+            super::super::charge(&from, &mut st, now, 90);
+            let owed = 30 * to.interval_us;
+            let v = step(&to, &mut st, now, 1);
+            let wait = owed + to.interval_us;
+            assert_eq!(
+                (v.decision.code, v.decision.retry_after_us),
+                (Code::Limited, wait),
+                "{} to {}",
+                from.interval_us,
+                to.interval_us
+            );
+            assert_eq!(
+                st,
+                Some(Any::TokenBucket(State {
+                    tokens: 0,
+                    t: now + owed,
+                    interval: to.interval_us
+                }))
+            );
+            // Read again at the new rate: the same wait, nothing more restated.
+            let again = step(&to, &mut st, now, 1);
+            assert_eq!((again.decision.retry_after_us, again.ttl_us), (wait, None));
+        }
+        let mut old = Some(Any::TokenBucket(State {
+            tokens: 0,
+            t: now + 30 * S,
+            interval: 0,
+        }));
+        let v = step(&slow, &mut old, now, 1);
+        assert_eq!(
+            (v.decision.retry_after_us, v.ttl_us),
+            (30 * S + 60 * S, None)
         );
     }
 
@@ -162,13 +232,18 @@ mod tests {
             st,
             Some(Any::TokenBucket(State {
                 tokens: 1,
-                t: t0 + 2 * S
+                t: t0 + 2 * S,
+                interval: S
             }))
         );
         let d = step(&p, &mut st, t0 + 5 * S, 0).decision;
         assert_eq!((d.remaining, d.reset_after_us), (3, 0));
         // Years idle: divide first, no overflow, full.
-        let mut st = Some(Any::TokenBucket(State { tokens: 0, t: 0 }));
+        let mut st = Some(Any::TokenBucket(State {
+            tokens: 0,
+            t: 0,
+            interval: 0,
+        }));
         assert_eq!(step(&p, &mut st, u64::MAX / 2, 0).decision.remaining, 3);
     }
 
