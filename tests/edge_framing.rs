@@ -634,6 +634,60 @@ async fn h2_split_cookies_reach_the_upstream_as_one_field() {
         r.json()["headers"]["cookie"],
         serde_json::json!(["a=1; b=2; c=3"])
     );
+
+    // Split cookies count as the one field they become: 150 of them pass (they were 431 past
+    // 100 fields, while HTTP/1.1 carries the same cookies on one line), but 101 other
+    // fields are still too many.
+    let crumbs: Vec<String> = (0..150).map(|i| format!("c{i}={i}")).collect();
+    let fields: Vec<(&str, &str)> = crumbs.iter().map(|c| ("cookie", c.as_str())).collect();
+    let r = get(&c, &s.url("/c"), &fields).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["headers"]["cookie"],
+        serde_json::json!([crumbs.join("; ")])
+    );
+    let names: Vec<String> = (0..101).map(|i| format!("x-f{i}")).collect();
+    let mut fields: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "1")).collect();
+    fields.push(("cookie", "a=1"));
+    assert_eq!(get(&c, &s.url("/c"), &fields).await.status, 431);
+}
+
+/// RFC 9113 §8.2.2: an intermediary MUST remove connection-specific fields when it turns
+/// HTTP/1.1 into HTTP/2, trailers included. An upstream's chunked answer ending in
+/// `connection: close` and `keep-alive` trailers reached an HTTP/2 client as a stream reset
+/// after the whole body (curl exit 92); now its other trailers arrive, those two do not.
+#[tokio::test]
+async fn h2_trailers_lose_their_hop_by_hop_fields() {
+    let up = support::raw::upstream(|conn| {
+        use std::io::Write;
+        let _ = conn.write_all(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: x-sum\r\n\r\n\
+              3\r\nabc\r\n0\r\nx-sum: 7\r\nconnection: close\r\nkeep-alive: timeout=5\r\n\r\n",
+        );
+    });
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [\"http://{up}\"] }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n"
+    ));
+    let req = http::Request::get(s.url("/t"))
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(10), h2_client().request(req))
+        .await
+        .expect("answered")
+        .expect("an answer");
+    assert_eq!(res.status(), 200);
+    let body = res
+        .into_body()
+        .collect()
+        .await
+        .expect("the stream ends cleanly");
+    let trailers = body.trailers().cloned().expect("trailers");
+    assert_eq!(body.to_bytes(), "abc");
+    assert_eq!(trailers.get("x-sum").map(|v| v.as_bytes()), Some(&b"7"[..]));
+    assert!(
+        trailers.get("connection").is_none() && trailers.get("keep-alive").is_none(),
+        "{trailers:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ use tokio_rustls::TlsConnector;
 
 use super::{ReplayBody, Slot};
 use crate::pipeline::body::BoxError;
+use crate::pipeline::headers::hop_by_hop;
 use std::future::Future;
 use tokio::task::AbortHandle;
 
@@ -292,7 +293,7 @@ impl HttpBody for Streamed {
         let this = &mut *self;
         if let Poll::Ready(frame) = Pin::new(&mut this.body).poll_frame(cx) {
             this.stall.since = None;
-            return Poll::Ready(frame.map(|r| r.map_err(BoxError::from)));
+            return Poll::Ready(frame.map(|r| r.map(hop_by_hop_trailers).map_err(BoxError::from)));
         }
         let stall = &mut this.stall;
         let since = *stall.since.get_or_insert_with(tokio::time::Instant::now);
@@ -317,6 +318,16 @@ impl HttpBody for Streamed {
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
     }
+}
+
+/// Trailers lose their hop-by-hop fields as a head does (RFC 9110 §7.6.1): they are the
+/// upstream connection's, and an HTTP/2 client's stream is reset on them (RFC 9113 §8.2.2),
+/// after the whole body was sent. HTTP/1.1 clients are sent no trailers (hyper drops them).
+fn hop_by_hop_trailers(mut frame: Frame<Bytes>) -> Frame<Bytes> {
+    if let Some(fields) = frame.trailers_mut() {
+        hop_by_hop::strip(fields, false);
+    }
+    frame
 }
 
 impl Streamed {
