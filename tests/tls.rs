@@ -238,6 +238,89 @@ fn sni_alpn_and_versions_seen_by_openssl() {
     assert!(ok, "{text}");
 }
 
+/// A self-signed RSA pair for `name` made by openssl (rcgen on *ring* makes no RSA keys).
+fn rsa_pair(dir: &Path, name: &str) -> Pair {
+    need("openssl", "openssl");
+    let (cert, key) = (dir.join("rsa.crt"), dir.join("rsa.key"));
+    let out = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30",
+        ])
+        .args(["-subj", &format!("/CN={name}")])
+        .args(["-addext", &format!("subjectAltName=DNS:{name}")])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    Pair {
+        cert,
+        key,
+        not_after: 0,
+        der: vec![],
+    }
+}
+
+/// An RSA and an ECDSA pair for one name, as nginx serves with two `ssl_certificate` lines:
+/// each client gets the one it can use. The second pair was never served, and a client
+/// taking only ECDSA got a handshake_failure alert.
+#[test]
+fn an_rsa_and_an_ecdsa_pair_for_one_name_each_serve_their_clients() {
+    let dir = tempfile::tempdir().unwrap();
+    let rsa = rsa_pair(dir.path(), "dual.test");
+    let ecdsa = Ca::new("test CA").leaf(dir.path(), "ec", &["dual.test"], 30);
+    let up = Upstream::start();
+    let port = free_port();
+    let _gw = Sluice::start(&config(&up, port, &certificates(&[&rsa, &ecdsa]), ""));
+    let key = |text: &str| {
+        text.lines()
+            .find(|l| l.starts_with("Server public key is"))
+            .unwrap_or("")
+            .to_string()
+    };
+    for (args, want) in [
+        (&["-servername", "dual.test"][..], "2048 bit"),
+        (
+            &["-servername", "dual.test", "-sigalgs", "ECDSA+SHA256"][..],
+            "256 bit",
+        ),
+        (
+            &["-noservername", "-sigalgs", "ECDSA+SHA256"][..],
+            "256 bit",
+        ),
+        (
+            &[
+                "-servername",
+                "dual.test",
+                "-tls1_2",
+                "-cipher",
+                "ECDHE-ECDSA-AES128-GCM-SHA256",
+            ][..],
+            "256 bit",
+        ),
+        (
+            &[
+                "-servername",
+                "dual.test",
+                "-tls1_2",
+                "-cipher",
+                "ECDHE-RSA-AES128-GCM-SHA256",
+            ][..],
+            "2048 bit",
+        ),
+        (
+            &["-servername", "dual.test", "-sigalgs", "RSA-PSS+SHA256"][..],
+            "2048 bit",
+        ),
+    ] {
+        let (text, ok) = s_client(port, args);
+        assert!(ok, "{args:?}: {text}");
+        assert!(key(&text).contains(want), "{args:?}: {}", key(&text));
+    }
+}
+
 /// The bytes after the handshake must be the protocol ALPN settled (RFC 9113 §3.2, RFC 7301
 /// §3.2): an HTTP/1.1 request after `h2` was chosen, or the HTTP/2 preface after `http/1.1`,
 /// is not served, so a front end that allows one protocol by ALPN is not gone around.

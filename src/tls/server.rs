@@ -15,13 +15,16 @@ use super::certs::{load_pair, CertInfo};
 use super::{Located, EXPIRY_WARNING};
 use crate::model::tls::{CertFiles, TlsVersion};
 
-/// A listener's certificates: the first is the default (no SNI, or a name none covers).
+/// A listener's certificates. A name may have several pairs (an RSA and an ECDSA one, as
+/// nginx serves with two `ssl_certificate` lines): a handshake gets the first, in the order
+/// written, that the client can use. Without SNI, or for a name none covers, every pair is
+/// a candidate, the first being the default.
 #[derive(Debug)]
 pub struct CertSet {
-    default: Arc<CertifiedKey>,
-    exact: HashMap<String, Arc<CertifiedKey>>,
+    all: Vec<Arc<CertifiedKey>>,
+    exact: HashMap<String, Vec<Arc<CertifiedKey>>>,
     /// `*.example.com` is stored as `example.com`; it covers exactly one more label.
-    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Vec<Arc<CertifiedKey>>>,
     pub infos: Vec<CertInfo>,
 }
 
@@ -86,41 +89,68 @@ impl CertSet {
 
     /// `None` when `pairs` is empty.
     pub fn from_pairs(pairs: Vec<(Arc<CertifiedKey>, CertInfo)>) -> Option<CertSet> {
-        let default = pairs.first()?.0.clone();
-        let mut exact = HashMap::new();
-        let mut wildcard = HashMap::new();
+        pairs.first()?;
+        let mut exact = HashMap::<_, Vec<_>>::new();
+        let mut wildcard = HashMap::<_, Vec<_>>::new();
         for (key, info) in &pairs {
             for n in &info.dns_names {
                 match n.strip_prefix("*.") {
                     Some(base) => wildcard.entry(base.to_string()),
                     None => exact.entry(n.clone()),
                 }
-                .or_insert_with(|| key.clone());
+                .or_default()
+                .push(key.clone());
             }
         }
+        let (all, infos) = pairs.into_iter().unzip();
         Some(CertSet {
-            default,
+            all,
             exact,
             wildcard,
-            infos: pairs.into_iter().map(|(_, i)| i).collect(),
+            infos,
         })
     }
 
     /// The pair for an SNI name (RFC 6066 §3: a DNS host name; matched case-insensitively,
-    /// exact names before wildcards, RFC 6125 §6.4.3: `*` covers one left-most label).
-    pub fn choose(&self, sni: Option<&str>) -> Arc<CertifiedKey> {
-        let Some(name) = sni else {
-            return self.default.clone();
+    /// exact names before wildcards, RFC 6125 §6.4.3: `*` covers one left-most label): the
+    /// first of its pairs that `usable` accepts, else its first (the handshake then fails as
+    /// it must).
+    pub fn choose(
+        &self,
+        sni: Option<&str>,
+        usable: impl Fn(&CertifiedKey) -> bool,
+    ) -> Arc<CertifiedKey> {
+        let candidates = match sni {
+            None => &self.all,
+            Some(name) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                self.exact
+                    .get(&name)
+                    .or_else(|| {
+                        let (_, parent) = name.split_once('.')?;
+                        self.wildcard.get(parent)
+                    })
+                    .unwrap_or(&self.all)
+            }
         };
-        let name = name.trim_end_matches('.').to_ascii_lowercase();
-        if let Some(k) = self.exact.get(&name) {
-            return k.clone();
+        match &candidates[..] {
+            [only] => only,
+            many => many.iter().find(|k| usable(k)).unwrap_or(&many[0]),
         }
-        name.split_once('.')
-            .and_then(|(_, parent)| self.wildcard.get(parent))
-            .unwrap_or(&self.default)
-            .clone()
+        .clone()
     }
+}
+
+/// Whether the client can take a handshake signed by `pair`'s key: it offers a signature
+/// scheme the key signs with, and a cipher suite for the key's algorithm (every TLS 1.3 suite
+/// is; TLS 1.2's name theirs, `ECDHE-ECDSA-…` or `ECDHE-RSA-…`).
+fn client_can_use(pair: &CertifiedKey, hello: &ClientHello<'_>) -> bool {
+    let algorithm = pair.key.algorithm();
+    pair.key.choose_scheme(hello.signature_schemes()).is_some()
+        && super::provider().cipher_suites.iter().any(|suite| {
+            hello.cipher_suites().contains(&suite.suite())
+                && suite.usable_for_signature_algorithm(algorithm)
+        })
 }
 
 /// Chooses a pair per handshake from whatever set is current.
@@ -148,7 +178,8 @@ impl Resolver {
 
 impl ResolvesServerCert for Resolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(self.current.load().choose(hello.server_name()))
+        let set = self.current.load();
+        Some(set.choose(hello.server_name(), |pair| client_can_use(pair, &hello)))
     }
 }
 
@@ -193,38 +224,48 @@ mod tests {
         let b = pair(&["other.example.net", "*.example.org"]);
         let c = pair(&["www.example.org"]);
         let set = CertSet::from_pairs(vec![a.clone(), b.clone(), c.clone()]).unwrap();
-        assert!(is(&set.choose(None), &a), "no SNI: the first pair");
-        assert!(is(&set.choose(Some("api.example.com")), &a));
+        let choose = |sni| set.choose(sni, |_| true);
+        assert!(is(&choose(None), &a), "no SNI: the first pair");
+        assert!(is(&choose(Some("api.example.com")), &a));
         assert!(
-            is(&set.choose(Some("OTHER.example.NET")), &b),
+            is(&choose(Some("OTHER.example.NET")), &b),
             "case-insensitive"
         );
+        assert!(is(&choose(Some("other.example.net.")), &b), "trailing dot");
+        assert!(is(&choose(Some("x.example.org")), &b), "wildcard");
         assert!(
-            is(&set.choose(Some("other.example.net.")), &b),
-            "trailing dot"
-        );
-        assert!(is(&set.choose(Some("x.example.org")), &b), "wildcard");
-        assert!(
-            is(&set.choose(Some("www.example.org")), &c),
+            is(&choose(Some("www.example.org")), &c),
             "exact before wildcard"
         );
         assert!(
-            is(&set.choose(Some("a.b.example.org")), &a),
+            is(&choose(Some("a.b.example.org")), &a),
             "* covers one label"
         );
-        assert!(is(&set.choose(Some("example.org")), &a), "* needs a label");
-        assert!(
-            is(&set.choose(Some("unknown.test")), &a),
-            "unknown: default"
-        );
+        assert!(is(&choose(Some("example.org")), &a), "* needs a label");
+        assert!(is(&choose(Some("unknown.test")), &a), "unknown: default");
     }
 
+    /// A shared name (an RSA and an ECDSA pair): the first the client can use, else the
+    /// first. Without SNI, every pair is a candidate.
     #[test]
-    fn first_pair_wins_a_shared_name() {
+    fn a_shared_name_goes_to_the_first_pair_the_client_can_use() {
         let a = pair(&["same.test"]);
         let b = pair(&["same.test"]);
-        let set = CertSet::from_pairs(vec![a.clone(), b]).unwrap();
-        assert!(is(&set.choose(Some("same.test")), &a));
+        let c = pair(&["other.test"]);
+        let set = CertSet::from_pairs(vec![a.clone(), b.clone(), c.clone()]).unwrap();
+        let same = Some("same.test");
+        assert!(is(&set.choose(same, |_| true), &a));
+        assert!(is(&set.choose(same, |k| std::ptr::eq(&*b.0, k)), &b));
+        assert!(is(&set.choose(same, |_| false), &a), "none fits: the first");
+        assert!(
+            is(&set.choose(same, |k| std::ptr::eq(&*c.0, k)), &a),
+            "only the name's pairs"
+        );
+        assert!(is(&set.choose(None, |k| std::ptr::eq(&*c.0, k)), &c));
+        assert!(is(
+            &set.choose(Some("x.test"), |k| std::ptr::eq(&*b.0, k)),
+            &b
+        ));
     }
 
     #[test]
