@@ -1293,6 +1293,46 @@ async fn admin_config_lists_the_certificates_served_while_a_listener_change_wait
     );
 }
 
+/// Listeners are compared by address: the same ones written in another order need no
+/// restart (each was reported as `listen` changed, on every reload until a restart), and
+/// their certificates still apply at once. A listener really added is named in the warning.
+#[tokio::test]
+async fn reordered_listeners_are_not_a_change_and_an_added_one_is_named() {
+    let Rotation {
+        dir: _dir,
+        second,
+        up,
+        port,
+        gw,
+        c,
+        ..
+    } = Rotation::start().await;
+    let tls = format!(
+        "  - address: 127.0.0.1:{port}\n    tls:\n{}",
+        certificates(&[&second])
+    );
+    let swapped = config(&up, port, &certificates(&[&second]), "")
+        .replacen(&tls, "", 1)
+        .replacen("listen:\n", &format!("listen:\n{tls}"), 1);
+    assert!(swapped.starts_with(&format!("listen:\n  - address: 127.0.0.1:{port}")));
+    gw.replace_config(&swapped);
+    assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
+    // Logged after any restart warning, so that one would be in the log by now.
+    let log = gw.wait_log(&["config reloaded"]);
+    assert!(!log.contains("need a restart"), "{log}");
+
+    let added = free_port();
+    gw.replace_config(&swapped.replacen(
+        "listen:\n",
+        &format!("listen:\n  - address: 127.0.0.1:{added}\n"),
+        1,
+    ));
+    let log = gw.wait_log(&["need a restart"]);
+    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
+    assert!(line.contains(&format!("127.0.0.1:{added}")), "{line}");
+    assert!(!line.contains(&format!("127.0.0.1:{port}")), "{line}");
+}
+
 /// A client that asks to renegotiate is refused (rustls never renegotiates) without a log
 /// line: rustls reports each refusal at WARN, and a client may ask again and again, so its
 /// records are errors only unless `RUST_LOG` names it.

@@ -39,8 +39,7 @@ impl Boot {
                 v.push(name);
             }
         };
-        let shapes = |b: &Boot| b.listeners.iter().map(Listener::shape).collect::<Vec<_>>();
-        check(shapes(self) != shapes(next), "listen");
+        check(!self.listeners_changed(next).is_empty(), "listen");
         check(self.admin_listen != next.admin_listen, "admin_listen");
         check(self.workers != next.workers, "workers");
         check(self.drain_timeout != next.drain_timeout, "drain_timeout");
@@ -50,6 +49,22 @@ impl Boot {
         );
         check(self.send_timeout != next.send_timeout, "send_timeout");
         check(self.store != next.store, "store");
+        v
+    }
+
+    /// The listeners added, removed or changed (TLS, `min_version`, PROXY) in `next`, by
+    /// address: the order they are written in changes nothing.
+    pub fn listeners_changed(&self, next: &Boot) -> Vec<SocketAddr> {
+        let shapes = |b: &Boot| b.listeners.iter().map(Listener::shape).collect::<Vec<_>>();
+        let (was, now) = (shapes(self), shapes(next));
+        let mut v: Vec<SocketAddr> = was
+            .iter()
+            .filter(|s| !now.contains(s))
+            .chain(now.iter().filter(|s| !was.contains(s)))
+            .map(|s| s.0)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
         v
     }
 }

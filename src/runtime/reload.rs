@@ -176,7 +176,8 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
         .clone_from(&running.client_header_timeout);
     new_file.send_timeout.clone_from(&running.send_timeout);
     if !restart.is_empty() {
-        tracing::warn!(settings = ?restart, "these settings changed but need a restart; the running values are kept");
+        let listeners = gw.boot.listeners_changed(&boot);
+        tracing::warn!(settings = ?restart, ?listeners, "these settings changed but need a restart; the running values are kept");
     }
     let gone_routes: Vec<String> = old
         .routes
