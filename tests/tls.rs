@@ -912,6 +912,59 @@ async fn a_bad_rotation_keeps_the_old_pair_serving() {
     assert_eq!(served(&c).await, second.der);
 }
 
+/// The guard is per name too: a listener that still lists a long-expired pair for another
+/// name (a leftover) refuses an expired pair rotated in over the valid one for `localhost`
+/// (it was accepted, with a warning, and served), but not one for the leftover's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_leftover_does_not_switch_the_guard_off_for_other_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let ca_pem = ca.write(&dir.path().join("ca.pem"));
+    let live = dir.path().join("live");
+    std::fs::create_dir(&live).unwrap();
+    let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
+    rename_over(&first.cert, &live.join("tls.crt"));
+    rename_over(&first.key, &live.join("tls.key"));
+    // Started with the leftover (a start takes any pair, with a warning).
+    let leftover = ca.leaf(dir.path(), "leftover", &["old.test"], -30);
+    let both = Live::pair(&live)
+        + &format!(
+            "        - {{ cert: {}, key: {} }}\n",
+            leftover.cert.display(),
+            leftover.key.display()
+        );
+    let up = Upstream::start();
+    let port = free_port();
+    let gw = Sluice::start(&config(&up, port, &both, ""));
+    let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
+    let served_first = served(&c).await;
+    assert_eq!(served_first, first.der);
+
+    let wrong = ca.leaf(dir.path(), "wrong", &["localhost"], -1);
+    rename_over(&wrong.key, &live.join("tls.key"));
+    rename_over(&wrong.cert, &live.join("tls.crt"));
+    gw.wait_reloads("error", 1.0).await;
+    gw.wait_log(&["a valid certificate for `localhost` runs and is kept"]);
+    assert_eq!(
+        served(&c).await,
+        served_first,
+        "the valid pair keeps serving"
+    );
+
+    // Put right, then the leftover replaced by another expired pair: nothing valid serves
+    // `old.test`, so that goes in with its warning.
+    let right = ca.leaf(dir.path(), "right", &["localhost"], 90);
+    rename_over(&right.key, &live.join("tls.key"));
+    rename_over(&right.cert, &live.join("tls.crt"));
+    assert!(serves_eventually(&[&c], &right.der).await, "{}", gw.log());
+    let successes = gw.reloads("success").await;
+    let older = ca.leaf(dir.path(), "older", &["old.test"], -40);
+    rename_over(&older.key, &leftover.key);
+    rename_over(&older.cert, &leftover.cert);
+    gw.wait_reloads("success", successes + 1.0).await;
+    assert_eq!(gw.reloads("error").await, 1.0, "{}", gw.log());
+}
+
 /// An expired certificate does not take the gateway down: it starts and serves with it (as
 /// nginx and Envoy do), with a warning, and reloads that change anything else go through,
 /// until a renewed pair replaces it.

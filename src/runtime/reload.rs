@@ -123,10 +123,12 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
     result
 }
 
-/// A reload does not trade a listener's certificates that are all valid for a set holding an
-/// expired one (a wrong file rotated in): that is an error, and the running ones are kept.
-/// Where the running set has expired itself (or at start) the new one goes in with a warning,
-/// so an expired certificate never blocks the reload that renews it, or any other.
+/// A reload does not put an expired certificate (a wrong file rotated in) where a valid one
+/// runs: in a listener whose certificates are all valid, or for a name a valid one serves
+/// (one long-expired leftover pair must not switch the guard off for the others). That is
+/// an error, and the running ones are kept. Otherwise (the running pair for its names has
+/// expired too, or at start) it goes in with a warning, so an expired certificate never
+/// blocks the reload that renews it, or any other.
 fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, ConfigErrors> {
     #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
     let now = std::time::SystemTime::now();
@@ -135,9 +137,19 @@ fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, Confi
         let (Some(resolver), Some(j)) = (resolver, successor(&gw.boot, &loaded.boot, i)) else {
             continue;
         };
-        if resolver.current().all_valid(now) {
-            let expired = loaded.tls.expired.iter().filter(|(l, _)| *l == j);
-            errors.extend(expired.map(|(_, e)| ConfigError::from(e.clone())));
+        let running = resolver.current();
+        let all_valid = running.all_valid(now);
+        for (_, e) in loaded.tls.expired.iter().filter(|(l, _)| *l == j) {
+            let why = match running.valid_for(&e.names, now) {
+                _ if all_valid => {
+                    "the listener's running certificates are all valid and are kept".to_string()
+                }
+                Some(name) => format!("a valid certificate for `{name}` runs and is kept"),
+                None => continue,
+            };
+            let mut entry = e.entry.clone();
+            entry.message = format!("{}: {why}", entry.message);
+            errors.push(ConfigError::from(entry));
         }
     }
     if errors.is_empty() {

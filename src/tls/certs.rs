@@ -87,6 +87,12 @@ pub struct CertInfo {
 }
 
 impl CertInfo {
+    /// The names SNI chooses it by, or, with none, the one it is labelled by (its CN).
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        let label = self.dns_names.is_empty().then_some(self.name.as_str());
+        self.dns_names.iter().map(String::as_str).chain(label)
+    }
+
     pub fn parse(der: &CertificateDer<'_>, path: &Path) -> Result<CertInfo, TlsError> {
         let (_, cert) =
             x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::BadCertificate {

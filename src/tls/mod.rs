@@ -71,9 +71,16 @@ pub struct Material {
     pub redis: Option<Arc<rustls::ClientConfig>>,
     pub warnings: Vec<Located>,
     /// Per listener (by index), each pair that had expired at load. It is served, with a
-    /// warning; but a reload does not trade a listener's certificates that are all valid for
-    /// a set holding one (`runtime::reload`).
-    pub expired: Vec<(usize, Located)>,
+    /// warning; but a reload does not put one in where a valid pair runs (`runtime::reload`).
+    pub expired: Vec<(usize, Expired)>,
+}
+
+/// A pair that had expired at load: the names it is chosen by, and the entry naming it
+/// (`message` says when it expired; the reload that refuses it says why).
+#[derive(Debug, Clone)]
+pub struct Expired {
+    pub names: Vec<String>,
+    pub entry: Located,
 }
 
 /// The process's crypto provider (ring), shared by every configuration.

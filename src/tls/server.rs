@@ -12,7 +12,7 @@ use rustls::sign::CertifiedKey;
 use rustls::ServerConfig;
 
 use super::certs::{load_pair, CertInfo};
-use super::{Located, EXPIRY_WARNING};
+use super::{Expired, Located, EXPIRY_WARNING};
 use crate::model::tls::{CertFiles, TlsVersion};
 
 /// A listener's certificates. A name may have several pairs (an RSA and an ECDSA one, as
@@ -36,7 +36,7 @@ impl CertSet {
         files: &[CertFiles],
         now: SystemTime,
         warnings: &mut Vec<Located>,
-        expired: &mut Vec<Located>,
+        expired: &mut Vec<Expired>,
     ) -> Result<CertSet, Vec<Located>> {
         let mut errors = Vec::new();
         let mut loaded = Vec::with_capacity(files.len());
@@ -53,9 +53,15 @@ impl CertSet {
                             at: at.clone(),
                             message: format!("certificate `{cert}` ({which}) expired {} days ago, at {} (Unix time): served anyway; renew it", -left / 86_400, info.not_after),
                         });
-                        expired.push(Located {
-                            at,
-                            message: format!("certificate `{cert}` ({which}) expired at {} (Unix time): the listener's running certificates are all valid and are kept", info.not_after),
+                        expired.push(Expired {
+                            names: info.names().map(str::to_string).collect(),
+                            entry: Located {
+                                at,
+                                message: format!(
+                                    "certificate `{cert}` ({which}) expired at {} (Unix time)",
+                                    info.not_after
+                                ),
+                            },
                         });
                     } else if left < EXPIRY_WARNING.as_secs() as i64 {
                         warnings.push(Located {
@@ -85,6 +91,15 @@ impl CertSet {
     /// Whether no pair has expired at `now`.
     pub fn all_valid(&self, now: SystemTime) -> bool {
         self.infos.iter().all(|i| i.seconds_left(now) > 0)
+    }
+
+    /// The first of `names` that a pair still valid at `now` is chosen by.
+    pub fn valid_for<'a>(&self, names: &'a [String], now: SystemTime) -> Option<&'a str> {
+        let valid = || self.infos.iter().filter(|i| i.seconds_left(now) > 0);
+        names
+            .iter()
+            .find(|n| valid().any(|i| i.names().any(|m| m == n.as_str())))
+            .map(String::as_str)
     }
 
     /// `None` when `pairs` is empty.
