@@ -702,7 +702,7 @@ fn pairs_that_do_not_load_are_refused_at_their_entry() {
         "mismatch.yaml",
         &good.cert,
         &other.key,
-        &["do not belong together"],
+        &["do not belong together: the certificate's public key is not this key's"],
     );
     // An expired pair loads, with a warning at its entry (as nginx and Envoy serve one):
     // refusing it would stop every reload and a restart until it is renewed.

@@ -166,11 +166,18 @@ pub fn load_pair(cert: &Path, key: &Path) -> Result<(CertifiedKey, CertInfo), Tl
         // A key whose public half cannot be derived is not known to mismatch.
         Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
         Err(e) => {
+            let error = match e {
+                rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                    "the certificate's public key is not this key's (a key from another pair?)"
+                        .to_string()
+                }
+                e => e.to_string(),
+            };
             return Err(TlsError::KeyMismatch {
                 cert: cert.display().to_string(),
                 key: key.display().to_string(),
-                error: e.to_string(),
-            })
+                error,
+            });
         }
     }
     info.first_to_expire = first_to_expire;
