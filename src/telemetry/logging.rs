@@ -150,18 +150,23 @@ pub fn init(json: bool, ansi: bool) -> Buffered {
     buf
 }
 
-/// The level filter for `RUST_LOG` (`None` or blank: `info`). rustls logs what a client does
-/// wrong at WARN (each refused renegotiation is a line, and a client may ask again and again),
-/// so a remote client could fill the log: its records are errors only, unless `RUST_LOG`
-/// names `rustls` itself.
+/// The level filter for `RUST_LOG` (`None` or blank: `info`). Libraries that log what others
+/// do at levels an operator reads as the gateway's own are held down unless `RUST_LOG` names
+/// them: rustls logs what a client does wrong at WARN (each refused renegotiation is a line,
+/// and a client may ask again and again, so a remote client could fill the log), and notify
+/// logs at INFO that a watch on a file already swapped away (a Kubernetes `..data` swap)
+/// could not be removed.
 fn filter(rust_log: Option<&str>) -> EnvFilter {
-    const QUIET_TLS: &str = "rustls=error";
-    let spec = match rust_log.map(str::trim).filter(|s| !s.is_empty()) {
-        Some(s) if s.contains("rustls") => s.to_owned(),
-        Some(s) => format!("{s},{QUIET_TLS}"),
-        None => format!("info,{QUIET_TLS}"),
+    const QUIET: [(&str, &str); 2] = [("rustls", "rustls=error"), ("notify", "notify=warn")];
+    let given = rust_log.map(str::trim).filter(|s| !s.is_empty());
+    let quiet = |spec: &str| {
+        QUIET
+            .iter()
+            .filter(|(name, _)| !spec.contains(name))
+            .fold(spec.to_owned(), |s, (_, q)| format!("{s},{q}"))
     };
-    EnvFilter::try_new(spec).unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET_TLS}")))
+    EnvFilter::try_new(quiet(given.unwrap_or("info")))
+        .unwrap_or_else(|_| EnvFilter::new(quiet("info")))
 }
 
 #[cfg(test)]
@@ -169,19 +174,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn rustls_is_errors_only_unless_named() {
-        assert_eq!(filter(None).to_string(), "rustls=error,info");
-        assert_eq!(filter(Some(" ")).to_string(), "rustls=error,info");
+    fn rustls_and_notify_are_held_down_unless_named() {
+        let quiet = "rustls=error,notify=warn,info";
+        assert_eq!(filter(None).to_string(), quiet);
+        assert_eq!(filter(Some(" ")).to_string(), quiet);
         assert_eq!(
             filter(Some("debug,sluice::access=off")).to_string(),
-            "sluice::access=off,rustls=error,debug"
+            "sluice::access=off,rustls=error,notify=warn,debug"
         );
         assert_eq!(
             filter(Some("info,rustls=debug")).to_string(),
-            "rustls=debug,info"
+            "rustls=debug,notify=warn,info"
+        );
+        assert_eq!(
+            filter(Some("info,notify=debug")).to_string(),
+            "rustls=error,notify=debug,info"
         );
         // A spec that does not parse is `info`, as before.
-        assert_eq!(filter(Some("=[")).to_string(), "rustls=error,info");
+        assert_eq!(filter(Some("=[")).to_string(), quiet);
     }
 
     #[test]
