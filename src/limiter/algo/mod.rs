@@ -272,8 +272,8 @@ fn at_interval(d: u64, was: u64, i: u64) -> (u64, bool) {
 /// With `commit == false` this is a dry run: `state` is left exactly as it was whatever the
 /// outcome. With `commit == true`, an admitted request updates `state` (possibly to `None`,
 /// meaning "delete the key"); a code-2 request never changes it, and a limited one only
-/// restates it as read (time owed read at another interval: [`gcra`], [`token_bucket`]). A state of the
-/// wrong variant (cannot happen with well-formed keys) counts as fresh.
+/// restates it as read (time owed read at another interval: [`gcra`], [`token_bucket`]). A
+/// state of the wrong variant (cannot happen with well-formed keys) counts as fresh.
 pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit: bool) -> Verdict {
     macro_rules! run {
         ($m:ident, $v:ident) => {
