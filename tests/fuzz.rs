@@ -2183,7 +2183,7 @@ fn charged(
         &t.client_ip,
         &t.identities,
     );
-    let plan = sluice::pipeline::admit::plan(route, &mut who, &headers, &t.consumers)?;
+    let plan = sluice::pipeline::admit::plan(route, &mut who, &headers, &t.consumers, &mut None)?;
     let (clock, _) = Clock::manual(1 << 40);
     // 64 shards of 64 keys: at 64 keys in all, two of a request's keys in one shard would
     // evict each other.

@@ -1,7 +1,8 @@
 //! A log reader that stops reading must not stop the gateway: stderr goes to a pipe nobody
 //! reads (its 64 KiB buffer fills after a few hundred access-log lines), and every request
 //! still gets its answer. Before the writer was made non-blocking, the flusher blocked in
-//! `write(2)` holding the log lock and every request waited on it.
+//! `write(2)` holding the log lock and every request waited on it. The lines it then drops
+//! are told by a log line of their own, in the log's format.
 
 mod support;
 
@@ -27,7 +28,7 @@ async fn a_stalled_stderr_reader_never_stalls_requests() {
     )
     .unwrap();
     let mut child = Command::new(sluice_bin())
-        .args(["run", "-c"])
+        .args(["run", "--log-format", "json", "-c"])
         .arg(&config)
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
@@ -53,6 +54,14 @@ async fn a_stalled_stderr_reader_never_stalls_requests() {
             .unwrap_or_else(|_| panic!("request {i} hung behind the stalled log pipe"));
         assert_eq!(r.status, 200);
     }
+    // Lines of 40 KB (the path): past the 8 MiB the gateway holds for a stalled reader.
+    let long = format!("{url}/{}", "p".repeat(40_000));
+    for i in 0..250 {
+        let r = tokio::time::timeout(Duration::from_secs(5), get(&c, &long, &[]))
+            .await
+            .unwrap_or_else(|_| panic!("long request {i} hung behind the stalled log pipe"));
+        assert_eq!(r.status, 200);
+    }
     // Draining the pipe lets the writer catch up: the lines it had to drop are counted.
     let reader = std::thread::spawn(move || {
         let mut all = String::new();
@@ -63,7 +72,24 @@ async fn a_stalled_stderr_reader_never_stalls_requests() {
     terminate(child.0.id());
     let _ = child.wait();
     let log = reader.join().unwrap();
-    assert!(log.contains("sluice serving"), "{log}");
+    assert!(
+        log.contains("sluice serving"),
+        "{}",
+        &log[..log.len().min(2000)]
+    );
+    // Every line is JSON, the notice of the dropped ones too (it was a bare text line).
+    let mut dropped = 0;
+    for line in log.lines().filter(|l| !l.is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", &line[..line.len().min(300)]));
+        if v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("log lines dropped"))
+        {
+            dropped += v["dropped"].as_u64().expect("a count");
+        }
+    }
+    assert!(dropped > 0, "no dropped lines told");
 }
 
 /// The gateway process, killed if the test fails before stopping it.

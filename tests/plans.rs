@@ -368,6 +368,46 @@ async fn anonymous_plan(store: &str) {
     );
 }
 
+/// A consumer's request refused for its cost header (400, after its plan is known) counts on
+/// its plan as on its route: `rejected_identity` stayed at 0 for every plan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumers_bad_cost_header_counts_on_its_plan() {
+    let up = Upstream::start();
+    let extra = "  - name: costly
+    match: { path_prefix: /costly }
+    upstream: up
+    consumers: required
+    limits:
+      - { name: units, by: ip, algorithm: fixed_window, rate: 1000/1m, cost: { header: X-Cost, default: 1, max: 10 } }
+";
+    let s = Sluice::start(&config(&up, MEMORY, extra));
+    let c = client();
+    let key = [("x-api-key", PRO_KEY)];
+    let bad = [("x-api-key", PRO_KEY), ("x-cost", "99")];
+    let got = [
+        status(&c, &s, "/costly", &key).await,
+        status(&c, &s, "/costly", &bad).await,
+        status(&c, &s, "/costly", &bad).await,
+    ];
+    assert_eq!(got, [200, 400, 400]);
+    let m = s.metrics(&c).await;
+    let count = |outcome| {
+        let plan = metric(
+            &m,
+            "sluice_plan_requests_total",
+            &[("plan", "pro"), ("outcome", outcome)],
+        );
+        let route = metric(
+            &m,
+            "sluice_requests_total",
+            &[("route", "costly"), ("outcome", outcome)],
+        );
+        (plan, route)
+    };
+    assert_eq!(count("forwarded"), (1.0, 1.0));
+    assert_eq!(count("rejected_identity"), (2.0, 2.0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_change_by_reload_keeps_the_counters_of_same_named_limits() {
     plan_change(MEMORY).await;

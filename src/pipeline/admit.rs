@@ -167,8 +167,6 @@ pub struct Plan {
     /// Shadow limits that would have refused the request before any call (a missing identity
     /// with `on_missing: reject`, a bad cost header): counted `shadow_limited`, never refused.
     shadowed: Vec<usize>,
-    /// On a route with `consumers:`, whose plan applied.
-    pub plan_of: Option<PlanOf>,
 }
 
 /// Which plan a request on a route with `consumers:` gets: its consumer's, else the anonymous
@@ -192,17 +190,21 @@ pub fn plan_of(
 
 /// Resolve each limit's identity and cost. A missing identity with `on_missing: reject`, a bad
 /// cost header, or (on a `consumers: required` route) no known consumer answers the request
-/// right away; for a shadow limit the first two are only counted and logged.
+/// right away; for a shadow limit the first two are only counted and logged. Whose plan
+/// applies is set in `whose` as soon as it is known, so that a request refused after that
+/// (a bad cost header) counts on its plan too.
 pub fn plan<'a>(
     route: &Route,
     who: &mut Identity<'a>,
     headers: &HeaderMap,
     consumers: &'a Consumers,
+    whose: &mut Option<PlanOf>,
 ) -> Result<Plan, GatewayError> {
     let plan_of = match route.consumers {
         Some(mode) => plan_of(mode, consumers, who.api_key()?)?,
         None => None,
     };
+    *whose = plan_of;
     let plan = plan_of.map(|p| p.plan(consumers));
     if let Some(PlanOf::Consumer(i)) = plan_of {
         who.consumer = Some(&consumers.list[i].name);
@@ -229,7 +231,6 @@ pub fn plan<'a>(
         calls,
         which,
         shadowed,
-        plan_of,
     })
 }
 

@@ -235,9 +235,14 @@ impl Gateway {
                 &table.client_ip,
                 &table.identities,
             );
-            admit::plan(route, &mut who, &ctx.parts.headers, &table.consumers)?
+            admit::plan(
+                route,
+                &mut who,
+                &ctx.parts.headers,
+                &table.consumers,
+                &mut ctx.plan,
+            )?
         };
-        ctx.plan = plan.plan_of;
         let stores = admit::Stores {
             store: &self.store,
             local: &self.local,

@@ -79,7 +79,7 @@ async fn admit(
     let t = &l.table;
     let route = &t.routes[0];
     let mut who = Identity::new(PEER, true, headers, None, &t.client_ip, &t.identities);
-    let plan = admit::plan(route, &mut who, headers, &t.consumers)?;
+    let plan = admit::plan(route, &mut who, headers, &t.consumers, &mut None)?;
     let stores = admit::Stores {
         store,
         local,

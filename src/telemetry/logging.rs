@@ -51,22 +51,26 @@ impl Buffered {
     }
 
     /// Swap the waiting bytes into `out` (so buffers are reused) and write them, unlocked.
+    /// Lines dropped since the last write are told by a log event of their own, formatted
+    /// like every other line (a JSON reader would refuse a bare text line), written after
+    /// what was waiting.
     fn write_out(&self, out: &mut Vec<u8>) {
         out.clear();
         std::mem::swap(&mut *self.0.pending.lock(), out);
         let dropped = self.0.dropped.swap(0, Ordering::Relaxed);
-        if out.is_empty() && dropped == 0 {
+        if dropped > 0 {
+            tracing::warn!(
+                dropped,
+                "log lines dropped: stderr was not being read fast enough"
+            );
+            out.append(&mut self.0.pending.lock());
+        }
+        if out.is_empty() {
             return;
         }
         let _sink = self.0.sink.lock();
         let mut err = std::io::stderr().lock();
         let _ = err.write_all(out);
-        if dropped > 0 {
-            let _ = writeln!(
-                err,
-                "sluice: {dropped} log lines dropped: stderr was not being read fast enough"
-            );
-        }
         let _ = err.flush();
     }
 
