@@ -391,6 +391,19 @@ async fn limit_lookups_validate_route_limit_and_key() {
             "route `by-ip` has no limit `per-ip/extra`",
         ),
         ("/admin/limits/by-ip/a/b/c?key=1.2.3.4", 404, "no such"),
+        // Paths are exact, as `/metrics` is: a trailing slash names no endpoint.
+        (
+            "/admin/limits/by-ip/per-ip/?key=1.2.3.4",
+            404,
+            "no such admin endpoint",
+        ),
+        (
+            "/admin/limits/by-ip//per-ip?key=1.2.3.4",
+            404,
+            "no such admin endpoint",
+        ),
+        ("/admin/config/", 404, "no such admin endpoint"),
+        ("/admin/consumers/acme//", 404, "no such admin endpoint"),
     ] {
         for method in [Method::GET, Method::DELETE] {
             let r = send(&c, method.clone(), &s.admin_url(path), &[], b"").await;

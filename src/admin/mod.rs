@@ -96,7 +96,8 @@ async fn readyz(gw: &Gateway) -> Response<Body> {
 
 async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_owned();
-    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(2).collect();
+    // Exact paths, as `/metrics` and `/healthz` are: `/admin/config/` is no endpoint.
+    let segments: Vec<&str> = path.split('/').skip(2).collect();
     let method = req.method().clone();
     match segments.as_slice() {
         ["config"] => match method {
@@ -124,7 +125,11 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
             _ => method_not_allowed("GET, HEAD, DELETE"),
         },
         // A plan's limit is named `plan/limit`: two segments, or one with `%2F`.
-        ["limits", route, limit @ ..] if matches!(limit.len(), 1 | 2) => {
+        ["limits", route, limit @ ..]
+            if matches!(limit.len(), 1 | 2)
+                && !route.is_empty()
+                && limit.iter().all(|s| !s.is_empty()) =>
+        {
             let route = percent_decode(route);
             let limit = limit
                 .iter()
