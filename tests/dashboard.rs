@@ -175,7 +175,7 @@ const REQUIRED_PANELS: &[&str] = &[
     "TLS certificates: days left",
     "Plan requests per second by plan and outcome",
     "Plan 429s per second by plan limit",
-    "Plan quota consumed per second by plan limit",
+    "Plan limit decisions with room per second",
 ];
 
 /// A real Prometheus on a temp dir, killed on drop.
@@ -517,7 +517,7 @@ async fn every_panel_query_returns_data_from_a_real_prometheus() {
             vec![(vec![("limit", "starter/per-minute")], Positive)],
         ),
         (
-            "Plan quota consumed per second by plan limit",
+            "Plan limit decisions with room per second",
             vec![(vec![("limit", "starter/per-minute")], Positive)],
         ),
         (
