@@ -297,6 +297,45 @@ fn a_host_no_request_can_carry_is_an_error() {
     assert_eq!(code, 0, "{err}");
 }
 
+/// A match no request can meet is an error, not a route that silently never applies: a
+/// path with a query or a fragment (a route sees the path alone), a header value with white
+/// space at either end (HTTP trims it), a header named twice in two cases (names match in
+/// any case, so only a request sending both values matched). And the hint for an empty
+/// `upstreams:` is one that parses.
+#[test]
+fn a_match_no_request_can_meet_is_an_error() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    let e = errors(&format!(
+        "{up}routes:\n  - {{ name: a, match: {{ path_prefix: '/a?x=1' }}, upstream: api }}\n  - {{ name: b, match: {{ path: '/f#x' }}, upstream: api }}\n  - {{ name: c, match: {{ path: /, headers: {{ X-Env: ' prod' }} }}, upstream: api }}\n  - {{ name: d, match: {{ path: /, headers: {{ X-Env: a, x-env: b }} }}, upstream: api }}\n"
+    ));
+    assert_eq!(e.len(), 4, "{e:?}");
+    assert!(
+        e[0].starts_with("F:4:25: `/a?x=1` never matches: `?` is not part of the path")
+            && e[0].contains("`/a`"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with("F:5:25: `/f#x` never matches: `#`"),
+        "{e:?}"
+    );
+    assert!(
+        e[2].starts_with("F:6:45: `X-Env: \" prod\"` never matches"),
+        "{e:?}"
+    );
+    assert!(
+        e[3].starts_with("F:7:55: duplicate key `x-env`") && e[3].contains("any case"),
+        "{e:?}"
+    );
+    let e = errors("upstreams:\nroutes: []\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains("`upstreams` is empty (write `{}` for none)"),
+        "{e:?}"
+    );
+    let (code, _, err, _) = check("upstreams: {}\nroutes: []\n");
+    assert_eq!(code, 0, "the hint parses: {err}");
+}
+
 /// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan, header match,
 /// top-level section or route field is an error at the second key, not a silent replacement
 /// of the first (nor an error at the file's 1:1).

@@ -796,6 +796,18 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
             );
             continue;
         }
+        // A route matches the path alone: the query and a fragment are not part of it.
+        if let Some(at) = p.find(['?', '#']) {
+            c.err(
+                &format!("{base}.{key}"),
+                format!(
+                    "`{p}` never matches: `{}` is not part of the path a route sees (match the path alone, `{}`)",
+                    &p[at..at + 1],
+                    &p[..at]
+                ),
+            );
+            continue;
+        }
         // Requests are matched on their normalized path: a pattern that is not normal would
         // never match anything.
         match crate::model::path::normalize(p, paths) {
@@ -870,10 +882,26 @@ fn matcher(c: &mut Ctx<'_>, base: &str, m: &file::Match, paths: &PathRules) -> O
             HostMatch::Wildcard(format!(".{rest}"))
         })
     });
-    let mut headers = Vec::new();
+    let mut headers: Vec<(HeaderName, HeaderValue)> = Vec::new();
     for (k, v) in &m.headers {
         let p = format!("{base}.headers.{k}");
+        // HTTP trims a field value (RFC 9110 §5.5): no request carries these spaces.
+        if v.trim_matches([' ', '\t']) != v {
+            c.err(
+                &p,
+                format!("`{k}: {v:?}` never matches: requests' field values have no white space at either end"),
+            );
+            continue;
+        }
         if let (Some(n), Ok(v)) = (c.header_name(&p, k), HeaderValue::from_str(v)) {
+            // Field names match in any case: `X-Env` and `x-env` are one field twice.
+            if let Some((first, _)) = headers.iter().find(|(h, _)| *h == n) {
+                c.err(
+                    &p,
+                    format!("duplicate key `{k}` (the field `{first}` is matched already; names match in any case)"),
+                );
+                continue;
+            }
             headers.push((n, v));
         } else if HeaderValue::from_str(v).is_err() {
             c.err(&p, format!("invalid header value for `{k}`"));

@@ -511,20 +511,21 @@ pub struct Limit {
 fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
     name: &str,
+    none: &str,
 ) -> Result<T, D::Error> {
     use serde::de::Error;
     Option::<T>::deserialize(d)?
-        .ok_or_else(|| D::Error::custom(format!("`{name}` is empty (write `[]` for none)")))
+        .ok_or_else(|| D::Error::custom(format!("`{name}` is empty (write `{none}` for none)")))
 }
 
 fn present_routes<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Route>, D::Error> {
-    present(d, "routes")
+    present(d, "routes", "[]")
 }
 
 fn present_upstreams<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<BTreeMap<String, Upstream>, D::Error> {
-    present(d, "upstreams")
+    present(d, "upstreams", "{}")
 }
 
 /// Plain API keys: a list. Anything else is refused without its value, which would be a key
