@@ -334,6 +334,10 @@ fn a_match_no_request_can_meet_is_an_error() {
     );
     let (code, _, err, _) = check("upstreams: {}\nroutes: []\n");
     assert_eq!(code, 0, "the hint parses: {err}");
+    // One problem, one error: a Redis store with no url was also "redis settings rejected".
+    let e = errors("store: { kind: redis }\nupstreams: {}\nroutes: []\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].contains("standalone mode needs `url`"), "{e:?}");
 }
 
 /// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan, header match,

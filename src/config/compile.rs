@@ -457,7 +457,11 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
             );
         }
     }
+    // Whether the mode has what it needs; only then is what fred would refuse worth asking
+    // (it would say the same again: one problem, one error).
+    let mut shaped = true;
     if s.kind == StoreKind::Redis {
+        shaped = false;
         match r.mode {
             RedisMode::Standalone if r.url.is_none() => c.err(
                 "store.redis",
@@ -474,7 +478,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
             RedisMode::Sentinel if r.sentinel_service.is_none() => {
                 c.err("store.redis", "sentinel mode needs `sentinel_service`")
             }
-            _ => {}
+            _ => shaped = true,
         }
     }
     let mut redis = RedisSettings {
@@ -504,7 +508,7 @@ fn store_settings(c: &mut Ctx<'_>, s: &file::Store) -> StoreSettings {
         );
     }
     // What the client itself would refuse (fred parses the URL), reported here with a position.
-    if s.kind == StoreKind::Redis {
+    if s.kind == StoreKind::Redis && shaped {
         if let Err(e) = crate::limiter::store::redis::validate(&redis) {
             match &r.url {
                 Some(url) => c.err(
