@@ -156,9 +156,30 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
             file: name.to_string(),
             line,
             col,
-            message: msg,
+            message: plain_types(&msg),
         }])
     })
+}
+
+/// serde's names for what it expected, in the words of the config reference: `struct
+/// Listener` is a map to the reader of a YAML file, and `usize` a whole number.
+fn plain_types(msg: &str) -> String {
+    let mut out = msg.to_string();
+    while let Some(at) = out.find("expected struct ") {
+        let rest = &out[at + "expected struct ".len()..];
+        let end = rest
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(rest.len());
+        let said = match &rest[..end] {
+            "File" => "a map of the config's sections".to_string(),
+            name => format!("a map (a {})", name.to_ascii_lowercase()),
+        };
+        out = format!("{}expected {said}{}", &out[..at], &rest[end..]);
+    }
+    for int in ["usize", "u64", "u32", "u16", "u8"] {
+        out = out.replace(&format!("expected {int}"), "expected a whole number");
+    }
+    out
 }
 
 /// `text` without a leading byte-order mark (some Windows editors write one): it is not part
@@ -216,6 +237,24 @@ pub struct Loaded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What a YAML reader is told instead of serde's type names.
+    #[test]
+    fn errors_name_maps_and_numbers_not_rust_types() {
+        let msg = |text: &str| parse("F", text).unwrap_err().0[0].message.clone();
+        assert_eq!(
+            msg("- a\n"),
+            "invalid type: sequence, expected a map of the config's sections"
+        );
+        let listen = msg("listen: [a, b]\nupstreams: {}\nroutes: []\n");
+        assert!(listen.ends_with("expected a map (a listener)"), "{listen}");
+        let limit = msg(
+            "upstreams: {}\nroutes: [{ name: r, match: { path: / }, upstream: u, limits: [5] }]\n",
+        );
+        assert!(limit.ends_with("expected a map (a limit)"), "{limit}");
+        let workers = msg("workers: -1\nupstreams: {}\nroutes: []\n");
+        assert!(workers.ends_with("expected a whole number"), "{workers}");
+    }
 
     #[test]
     fn the_version_covers_the_files_a_config_reads() {
