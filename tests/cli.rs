@@ -340,6 +340,35 @@ fn a_match_no_request_can_meet_is_an_error() {
     assert!(e[0].contains("standalone mode needs `url`"), "{e:?}");
 }
 
+/// A YAML syntax error points at the mistake, not where the parser gave up (said in the
+/// message): a key with no space after its colon, a quote left open; a tab is named.
+#[test]
+fn a_syntax_error_points_at_the_mistake() {
+    let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
+    let e = errors(&format!(
+        "{up}routes:\n  - name: r\n    upstream:api\n    match: {{ path_prefix: / }}\n"
+    ));
+    assert_eq!(
+        e,
+        ["F:5:5: could not find expected ':' (at 6:5) while scanning a simple key"]
+    );
+    let e = errors(&format!(
+        "{up}routes:\n  - name: \"r\n    match: {{ path_prefix: / }}\n    upstream: api\n"
+    ));
+    assert_eq!(
+        e,
+        ["F:4:11: found unexpected end of stream (at 7:1) while scanning a quoted scalar"]
+    );
+    let e = errors(&format!(
+        "{up}routes:\n  - name: r\n    match: {{ path_prefix: / }}\n  \tupstream: api\n"
+    ));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("F:6:3: found character that cannot start any token: a tab"),
+        "{e:?}"
+    );
+}
+
 /// YAML's mapping keys are unique: a second `api:` upstream, `free:` plan, header match,
 /// top-level section or route field is an error at the second key, not a silent replacement
 /// of the first (nor an error at the file's 1:1).

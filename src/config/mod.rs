@@ -144,14 +144,47 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
             let at = position::Positions::index(text).of(&name);
             Some((at.line, at.col))
         };
-        let (line, col) =
+        let (mut line, mut col) =
             section().unwrap_or_else(|| e.location().map_or((1, 1), |l| (l.line(), l.column())));
         // serde_yaml appends " at line L column C"; the position goes in front instead.
-        let msg = e.to_string();
-        let msg = match msg.rfind(" at line ") {
-            Some(i) => msg[..i].to_string(),
-            None => msg,
+        let raw = e.to_string();
+        let mut msg = match raw.rfind(" at line ") {
+            Some(i) => raw[..i].to_string(),
+            None => raw.clone(),
         };
+        // A syntax error found further on than its cause ("could not find expected ':' at
+        // line 6 column 5, while scanning a simple key at line 5 column 5"): placed at what
+        // was being read, where the mistake is (`upstream:api`, a quote left open), the
+        // place the parser gave up said in the message.
+        if let Some((problem, context)) = raw.split_once(", while ") {
+            let at = |s: &str| {
+                let (l, c) = s.strip_prefix("line ")?.split_once(" column ")?;
+                Some((l.parse::<usize>().ok()?, c.parse::<usize>().ok()?))
+            };
+            let (p, c) = (problem.rfind(" at line "), context.rfind(" at line "));
+            if let (Some(p), Some(c)) = (p, c) {
+                if let (Some(gave_up), Some(start)) = (at(&problem[p + 4..]), at(&context[c + 4..]))
+                {
+                    (line, col) = start;
+                    msg = format!(
+                        "{} (at {}:{}) while {}",
+                        &problem[..p],
+                        gave_up.0,
+                        gave_up.1,
+                        &context[..c]
+                    );
+                }
+            }
+        }
+        if msg.starts_with("found character that cannot start any token")
+            && text
+                .lines()
+                .nth(line - 1)
+                .and_then(|l| l.chars().nth(col - 1))
+                == Some('\t')
+        {
+            msg.push_str(": a tab (YAML indents with spaces only)");
+        }
         ConfigErrors(vec![ConfigError {
             file: name.to_string(),
             line,
