@@ -922,6 +922,28 @@ fn dripping_upstream(head: &'static str, rest: &'static [u8], every: Duration) -
     })
 }
 
+/// An upstream that closes its connection mid-body: the client's answer is cut (closed, not
+/// completed) and the log says so, as for a stall (nginx: "upstream prematurely closed
+/// connection"); it logged nothing, a 200 with a `forwarded` decision.
+#[test]
+fn an_upstream_body_that_breaks_off_is_cut_and_logged() {
+    let up = support::raw::upstream(|conn| {
+        let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nhalf");
+    });
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [\"http://{up}\"] }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n"
+    ));
+    let ex = exchange(
+        s.addr,
+        b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n",
+        Duration::from_secs(5),
+    );
+    assert!(ex.closed, "{}", ex.text());
+    assert!(ex.text().starts_with("HTTP/1.1 200"), "{}", ex.text());
+    assert!(ex.text().ends_with("half"), "{}", ex.text());
+    s.wait_log(&["upstream's answer body broke off: the answer is cut"]);
+}
+
 /// An upstream that stops mid-body is cut after `idle_timeout` without a byte (nginx's
 /// `proxy_read_timeout`, HAProxy's `timeout server`), so a stuck handler cannot hold the
 /// client, the connection and its concurrency slot forever; a body that keeps dripping

@@ -721,6 +721,22 @@ async fn websocket_upgrade_passes_through() {
     }
 }
 
+/// RFC 9110 §15.2.2: a 101 MUST say what it switches to. One to a WebSocket request without
+/// `Upgrade: websocket` is a 502, not a tunnel of bytes the client cannot read (it was
+/// tunnelled).
+#[test]
+fn a_101_that_does_not_switch_to_websocket_is_a_502() {
+    let up = support::raw::upstream(|conn| {
+        let _ = conn.write_all(b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\n\r\n");
+        let _ = conn.read(&mut [0; 1]);
+    });
+    let s = Sluice::start(&format!(
+        "upstreams:\n  up: {{ targets: [\"http://{up}\"] }}\nroutes:\n  - name: all\n    match: {{ path_prefix: / }}\n    upstream: up\n"
+    ));
+    let (head, _st) = support::raw::websocket(s.addr);
+    assert!(head.starts_with("HTTP/1.1 502"), "{head}");
+}
+
 /// A tunnel with no byte either way for the upstream's `idle_timeout` (1 s here) is closed,
 /// as nginx closes one after `proxy_read_timeout`: a client that upgrades and goes silent
 /// would otherwise hold both sockets, and any concurrency slot, until the process stops. One

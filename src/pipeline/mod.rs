@@ -449,6 +449,13 @@ impl Gateway {
 
         let switching = res.status() == StatusCode::SWITCHING_PROTOCOLS;
         match (switching, client_upgrade) {
+            // RFC 9110 §15.2.2: a 101 MUST name the protocol it switches to, and the client
+            // asked for WebSocket (RFC 6455 §4.1): anything else would be tunnelled unread.
+            (true, Some(_)) if !hop_by_hop::upgrades_to_websocket(res.headers()) => {
+                return Err(ForwardError::BadAnswer(
+                    "101 that does not switch to `Upgrade: websocket`",
+                ))
+            }
             (true, Some(client)) => {
                 // The tunnel is the request in flight: its concurrency slots go with it, not
                 // with the 101's empty body.

@@ -48,12 +48,17 @@ fn fixed(name: &HeaderName) -> Option<u32> {
 /// configured for). Any other `Upgrade` is removed like the hop-by-hop field it is, and the
 /// request goes on as a plain one.
 pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    upgrades_to_websocket(headers)
+        && connection_names(headers).any(|n| n.eq_ignore_ascii_case("upgrade"))
+}
+
+/// Does a 101 answer switch to WebSocket: one `Upgrade: websocket` (RFC 6455 §4.2.2)?
+pub fn upgrades_to_websocket(headers: &HeaderMap) -> bool {
     let mut upgrade = headers.get_all(header::UPGRADE).iter();
-    let websocket = match (upgrade.next(), upgrade.next()) {
+    match (upgrade.next(), upgrade.next()) {
         (Some(v), None) => v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"websocket"),
         _ => false,
-    };
-    websocket && connection_names(headers).any(|n| n.eq_ignore_ascii_case("upgrade"))
+    }
 }
 
 fn connection_names(headers: &HeaderMap) -> impl Iterator<Item = &str> {
