@@ -1315,11 +1315,15 @@ async fn a_certificate_named_before_it_exists_is_served_once_it_appears() {
 /// A reload that changes the listener set (which waits for a restart) and a TLS listener's
 /// certificates (which apply at once): the new pair is served, and `/admin/config` lists the
 /// running listeners with the certificates they now serve, not the ones they started with.
+/// Listeners are compared by address: the same ones written in another order need no restart
+/// (each was reported as `listen` changed, on every reload until a restart), and a listener
+/// really added is named in the warning.
 #[tokio::test]
 async fn admin_config_lists_the_certificates_served_while_a_listener_change_waits() {
     // `dir` is bound so that it lives (and holds the files) to the end of the test.
     let Rotation {
         dir: _dir,
+        first,
         second,
         up,
         port,
@@ -1328,15 +1332,34 @@ async fn admin_config_lists_the_certificates_served_while_a_listener_change_wait
         ..
     } = Rotation::start().await;
 
+    // The TLS listener written first, serving `pair`.
+    let swapped = |pair: &Pair| {
+        let tls = format!(
+            "  - address: 127.0.0.1:{port}\n    tls:\n{}",
+            certificates(&[pair])
+        );
+        config(&up, port, &certificates(&[pair]), "")
+            .replacen(&tls, "", 1)
+            .replacen("listen:\n", &format!("listen:\n{tls}"), 1)
+    };
+    assert!(swapped(&first).starts_with(&format!("listen:\n  - address: 127.0.0.1:{port}")));
+    gw.replace_config(&swapped(&first));
+    // Logged after any restart warning, so that one would be in the log by now.
+    let log = gw.wait_log(&["config reloaded"]);
+    assert!(!log.contains("need a restart"), "{log}");
+
+    // A listener added and the certificate changed in one reload.
     let added = free_port();
-    let next = config(&up, port, &certificates(&[&second]), "").replacen(
+    gw.replace_config(&swapped(&second).replacen(
         "listen:\n",
         &format!("listen:\n  - address: 127.0.0.1:{added}\n"),
         1,
-    );
-    gw.replace_config(&next);
+    ));
     assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
-    gw.wait_log(&["need a restart"]);
+    let log = gw.wait_log(&["need a restart"]);
+    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
+    assert!(line.contains(&format!("127.0.0.1:{added}")), "{line}");
+    assert!(!line.contains(&format!("127.0.0.1:{port}")), "{line}");
     let r = support::get(&client(), &gw.admin_url("/admin/config"), &[]).await;
     let doc = r.json();
     let listen = doc["config"]["listen"].as_array().expect("a list").clone();
@@ -1345,52 +1368,12 @@ async fn admin_config_lists_the_certificates_served_while_a_listener_change_wait
         !doc.to_string().contains(&format!("127.0.0.1:{added}")),
         "the added listener waits for a restart: {doc}"
     );
-    let shown = &listen[1]["tls"]["certificates"][0]["cert"];
+    let shown = &listen[0]["tls"]["certificates"][0]["cert"];
     assert_eq!(
         shown.as_str(),
         Some(second.cert.display().to_string().as_str()),
         "{doc}"
     );
-}
-
-/// Listeners are compared by address: the same ones written in another order need no
-/// restart (each was reported as `listen` changed, on every reload until a restart), and
-/// their certificates still apply at once. A listener really added is named in the warning.
-#[tokio::test]
-async fn reordered_listeners_are_not_a_change_and_an_added_one_is_named() {
-    let Rotation {
-        dir: _dir,
-        second,
-        up,
-        port,
-        gw,
-        c,
-        ..
-    } = Rotation::start().await;
-    let tls = format!(
-        "  - address: 127.0.0.1:{port}\n    tls:\n{}",
-        certificates(&[&second])
-    );
-    let swapped = config(&up, port, &certificates(&[&second]), "")
-        .replacen(&tls, "", 1)
-        .replacen("listen:\n", &format!("listen:\n{tls}"), 1);
-    assert!(swapped.starts_with(&format!("listen:\n  - address: 127.0.0.1:{port}")));
-    gw.replace_config(&swapped);
-    assert!(serves_eventually(&[&c], &second.der).await, "{}", gw.log());
-    // Logged after any restart warning, so that one would be in the log by now.
-    let log = gw.wait_log(&["config reloaded"]);
-    assert!(!log.contains("need a restart"), "{log}");
-
-    let added = free_port();
-    gw.replace_config(&swapped.replacen(
-        "listen:\n",
-        &format!("listen:\n  - address: 127.0.0.1:{added}\n"),
-        1,
-    ));
-    let log = gw.wait_log(&["need a restart"]);
-    let line = log.lines().find(|l| l.contains("need a restart")).unwrap();
-    assert!(line.contains(&format!("127.0.0.1:{added}")), "{line}");
-    assert!(!line.contains(&format!("127.0.0.1:{port}")), "{line}");
 }
 
 /// A client that asks to renegotiate is refused (rustls never renegotiates) without a log

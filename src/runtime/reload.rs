@@ -178,7 +178,7 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
     let running = &old_live.file;
     // A listener's certificate list applies live; only a changed listener set waits.
     if restart.contains(&"listen") {
-        new_file.listen = served_listeners(running, &gw.boot, &new_file, &boot);
+        new_file.listen = served_listeners(running, &new_file, &boot);
     }
     new_file.admin_listen.clone_from(&running.admin_listen);
     new_file.workers = running.workers;
@@ -272,15 +272,22 @@ fn apply(gw: &Runtime, loaded: Loaded) -> String {
 
 /// The running listeners as `/admin/config` shows them while a changed listener set waits for
 /// a restart: each as it runs, but listing the certificates it serves from now on, those of
-/// the new file's TLS listener at the same address (swapped in by [`apply`]).
-fn served_listeners(running: &File, running_boot: &Boot, new: &File, new_boot: &Boot) -> Listen {
+/// the new file's TLS listener at the same address (swapped in by [`apply`]). Matched by
+/// address: the shown list may be in another order than the boot's (a reload may have
+/// reordered it, which needs no restart).
+fn served_listeners(running: &File, new: &File, new_boot: &Boot) -> Listen {
     let mut shown = running.listen.clone();
     let (Listen::List(shown_list), Listen::List(new_list)) = (&mut shown, &new.listen) else {
         return shown;
     };
     // A file's listeners and its compiled ones are in the same order.
-    for (i, l) in shown_list.iter_mut().enumerate() {
-        let next = successor(running_boot, new_boot, i).and_then(|j| new_list.get(j)?.tls.as_ref());
+    for l in shown_list.iter_mut() {
+        let at = l.address.parse::<std::net::SocketAddr>().ok();
+        let next = new_boot
+            .listeners
+            .iter()
+            .position(|n| Some(n.address) == at)
+            .and_then(|j| new_list.get(j)?.tls.as_ref());
         if let (Some(tls), Some(n)) = (&mut l.tls, next) {
             tls.certificates.clone_from(&n.certificates);
         }
