@@ -179,8 +179,8 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
         if msg.starts_with("found character that cannot start any token")
             && text
                 .lines()
-                .nth(line - 1)
-                .and_then(|l| l.chars().nth(col - 1))
+                .nth(line.saturating_sub(1))
+                .and_then(|l| l.chars().nth(col.saturating_sub(1)))
                 == Some('\t')
         {
             msg.push_str(": a tab (YAML indents with spaces only)");
