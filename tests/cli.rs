@@ -341,7 +341,8 @@ fn a_match_no_request_can_meet_is_an_error() {
 }
 
 /// A YAML syntax error points at the mistake, not where the parser gave up (said in the
-/// message): a key with no space after its colon, a quote left open; a tab is named.
+/// message): a key with no space after its colon, a quote left open; one found inside a
+/// mapping stays where it was found; a tab is named.
 #[test]
 fn a_syntax_error_points_at_the_mistake() {
     let up = "upstreams:\n  api: { targets: [http://127.0.0.1:1] }\n";
@@ -358,6 +359,12 @@ fn a_syntax_error_points_at_the_mistake() {
     assert_eq!(
         e,
         ["F:4:11: found unexpected end of stream (at 7:1) while scanning a quoted scalar"]
+    );
+    // A parser's context is the enclosing mapping: the error stays where it was found.
+    let e = errors("upstreams:\n  api:\n    targets: [a]\n   timeout: 1s\nroutes: []\n");
+    assert_eq!(
+        e,
+        ["F:4:4: did not find expected key while parsing a block mapping (begun at 2:3)"]
     );
     let e = errors(&format!(
         "{up}routes:\n  - name: r\n    match: {{ path_prefix: / }}\n  \tupstream: api\n"

@@ -932,20 +932,29 @@ async fn an_expired_leftover_does_not_switch_the_guard_off_for_other_names() {
     let first = ca.leaf(dir.path(), "first", &["localhost"], 90);
     rename_over(&first.cert, &live.join("tls.crt"));
     rename_over(&first.key, &live.join("tls.key"));
-    // Started with the leftover (a start takes any pair, with a warning).
+    // Started with the leftover, and an expired second pair for `localhost` (an ECDSA half,
+    // say): a start takes any pair, with a warning.
     let leftover = ca.leaf(dir.path(), "leftover", &["old.test"], -30);
-    let both = Live::pair(&live)
-        + &format!(
+    let stale = ca.leaf(dir.path(), "stale", &["localhost"], -3);
+    let mut both = Live::pair(&live);
+    for p in [&leftover, &stale] {
+        both += &format!(
             "        - {{ cert: {}, key: {} }}\n",
-            leftover.cert.display(),
-            leftover.key.display()
+            p.cert.display(),
+            p.key.display()
         );
+    }
     let up = Upstream::start();
     let port = free_port();
     let gw = Sluice::start(&config(&up, port, &both, ""));
     let c = Client::new(&ca_pem, format!("127.0.0.1:{port}").parse().unwrap());
     let served_first = served(&c).await;
     assert_eq!(served_first, first.der);
+
+    // Expired pairs that run already are not new: a reload that changes something else goes
+    // through (the guard refused it for `stale`, whose name a valid pair serves).
+    gw.replace_config(&config(&up, port, &both, "").replace("name: all", "name: all2"));
+    gw.wait_reloads("success", 1.0).await;
 
     let wrong = ca.leaf(dir.path(), "wrong", &["localhost"], -1);
     rename_over(&wrong.key, &live.join("tls.key"));

@@ -119,7 +119,7 @@ async fn admin(gw: Arc<Runtime>, req: Request<Incoming>) -> Response<Body> {
             _ => method_not_allowed("POST"),
         },
         // Percent-decoded as route and limit names are: a client's `%64emo` is `demo`.
-        ["consumers", name] => match method {
+        ["consumers", name] if !name.is_empty() => match method {
             Method::GET | Method::HEAD => consumers::peek(&gw, &percent_decode(name)).await,
             Method::DELETE => consumers::reset(&gw, &percent_decode(name)).await,
             _ => method_not_allowed("GET, HEAD, DELETE"),

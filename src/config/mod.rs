@@ -152,10 +152,12 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
             Some(i) => raw[..i].to_string(),
             None => raw.clone(),
         };
-        // A syntax error found further on than its cause ("could not find expected ':' at
-        // line 6 column 5, while scanning a simple key at line 5 column 5"): placed at what
-        // was being read, where the mistake is (`upstream:api`, a quote left open), the
-        // place the parser gave up said in the message.
+        // A syntax error with a context ("could not find expected ':' at line 6 column 5,
+        // while scanning a simple key at line 5 column 5"). The scanner's context is what it
+        // was reading, where the mistake is (`upstream:api`, a quote left open): the error is
+        // placed there, with where the parser gave up in the message. A parser's context is
+        // the enclosing mapping ("while parsing a block mapping"), maybe dozens of lines
+        // above: the error stays where it was found, with where that mapping began.
         if let Some((problem, context)) = raw.split_once(", while ") {
             let at = |s: &str| {
                 let (l, c) = s.strip_prefix("line ")?.split_once(" column ")?;
@@ -163,16 +165,15 @@ pub fn parse_yaml<T: serde::de::DeserializeOwned>(
             };
             let (p, c) = (problem.rfind(" at line "), context.rfind(" at line "));
             if let (Some(p), Some(c)) = (p, c) {
-                if let (Some(gave_up), Some(start)) = (at(&problem[p + 4..]), at(&context[c + 4..]))
-                {
-                    (line, col) = start;
-                    msg = format!(
-                        "{} (at {}:{}) while {}",
-                        &problem[..p],
-                        gave_up.0,
-                        gave_up.1,
-                        &context[..c]
-                    );
+                if let (Some(found), Some(begun)) = (at(&problem[p + 4..]), at(&context[c + 4..])) {
+                    let (what, context) = (&problem[..p], &context[..c]);
+                    if context.starts_with("scanning ") {
+                        (line, col) = begun;
+                        msg = format!("{what} (at {}:{}) while {context}", found.0, found.1);
+                    } else {
+                        (line, col) = found;
+                        msg = format!("{what} while {context} (begun at {}:{})", begun.0, begun.1);
+                    }
                 }
             }
         }

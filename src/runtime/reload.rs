@@ -126,9 +126,9 @@ pub fn reload(gw: &Runtime, trigger: Trigger) -> Result<String, ConfigErrors> {
 /// A reload does not put an expired certificate (a wrong file rotated in) where a valid one
 /// runs: in a listener whose certificates are all valid, or for a name a valid one serves
 /// (one long-expired leftover pair must not switch the guard off for the others). That is
-/// an error, and the running ones are kept. Otherwise (the running pair for its names has
-/// expired too, or at start) it goes in with a warning, so an expired certificate never
-/// blocks the reload that renews it, or any other.
+/// an error, and the running ones are kept. An expired pair that runs already is not new,
+/// and one for names nothing valid serves goes in with a warning, so an expired certificate
+/// never blocks the reload that renews it, or any other.
 fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, ConfigErrors> {
     #[allow(clippy::disallowed_methods)] // certificate validity is wall-clock by definition
     let now = std::time::SystemTime::now();
@@ -139,7 +139,12 @@ fn keep_valid_certificates(gw: &Runtime, loaded: Loaded) -> Result<Loaded, Confi
         };
         let running = resolver.current();
         let all_valid = running.all_valid(now);
-        for (_, e) in loaded.tls.expired.iter().filter(|(l, _)| *l == j) {
+        for (_, e) in loaded
+            .tls
+            .expired
+            .iter()
+            .filter(|(l, e)| *l == j && !running.runs(e))
+        {
             let why = match running.valid_for(&e.names, now) {
                 _ if all_valid => {
                     "the listener's running certificates are all valid and are kept".to_string()

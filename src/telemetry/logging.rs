@@ -59,7 +59,8 @@ impl Buffered {
         std::mem::swap(&mut *self.0.pending.lock(), out);
         let dropped = self.0.dropped.swap(0, Ordering::Relaxed);
         if dropped > 0 {
-            tracing::warn!(
+            // At error: a filter that keeps only errors must still say that lines were lost.
+            tracing::error!(
                 dropped,
                 "log lines dropped: stderr was not being read fast enough"
             );

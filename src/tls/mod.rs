@@ -80,6 +80,8 @@ pub struct Material {
 #[derive(Debug, Clone)]
 pub struct Expired {
     pub names: Vec<String>,
+    /// Its notAfter: with its names, what tells whether it is already running.
+    pub not_after: i64,
     pub entry: Located,
 }
 

@@ -55,6 +55,7 @@ impl CertSet {
                         });
                         expired.push(Expired {
                             names: info.names().map(str::to_string).collect(),
+                            not_after: info.not_after,
                             entry: Located {
                                 at,
                                 message: format!(
@@ -93,13 +94,23 @@ impl CertSet {
         self.infos.iter().all(|i| i.seconds_left(now) > 0)
     }
 
-    /// The first of `names` that a pair still valid at `now` is chosen by.
+    /// The first of `names` that a pair still valid at `now` serves (by the name itself, or
+    /// a wildcard covering it, as [`CertSet::choose`] matches).
     pub fn valid_for<'a>(&self, names: &'a [String], now: SystemTime) -> Option<&'a str> {
         let valid = || self.infos.iter().filter(|i| i.seconds_left(now) > 0);
         names
             .iter()
-            .find(|n| valid().any(|i| i.names().any(|m| m == n.as_str())))
+            .find(|n| valid().any(|i| i.names().any(|m| covers(m, n))))
             .map(String::as_str)
+    }
+
+    /// Whether `expired` is one of the pairs running now (same names, same notAfter): it is
+    /// served already, and refusing it would block every reload until it is renewed.
+    pub fn runs(&self, expired: &Expired) -> bool {
+        self.infos.iter().any(|i| {
+            i.not_after == expired.not_after
+                && i.names().eq(expired.names.iter().map(String::as_str))
+        })
     }
 
     /// `None` when `pairs` is empty.
@@ -135,24 +146,44 @@ impl CertSet {
         sni: Option<&str>,
         usable: impl Fn(&CertifiedKey) -> bool,
     ) -> Arc<CertifiedKey> {
-        let candidates = match sni {
-            None => &self.all,
-            Some(name) => {
-                let name = name.trim_end_matches('.').to_ascii_lowercase();
-                self.exact
-                    .get(&name)
-                    .or_else(|| {
-                        let (_, parent) = name.split_once('.')?;
-                        self.wildcard.get(parent)
-                    })
-                    .unwrap_or(&self.all)
-            }
+        let Some(name) = sni else {
+            return pick(&self.all, &usable);
         };
-        match &candidates[..] {
-            [only] => only,
-            many => many.iter().find(|k| usable(k)).unwrap_or(&many[0]),
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let exact = self.exact.get(&name);
+        let wildcard = name
+            .split_once('.')
+            .and_then(|(_, parent)| self.wildcard.get(parent));
+        match (exact, wildcard) {
+            // The exact name's pairs, then (none of them usable) the wildcard's.
+            (Some(e), Some(w)) if !e.iter().any(|k| usable(k)) => match pick(w, &usable) {
+                k if usable(&k) => k,
+                _ => e[0].clone(),
+            },
+            (Some(list), _) | (None, Some(list)) => pick(list, &usable),
+            (None, None) => pick(&self.all, &usable),
         }
-        .clone()
+    }
+}
+
+/// The first of `pairs` that `usable` accepts, else the first (the handshake then fails as it
+/// must). One pair is taken as it is.
+fn pick(pairs: &[Arc<CertifiedKey>], usable: impl Fn(&CertifiedKey) -> bool) -> Arc<CertifiedKey> {
+    match pairs {
+        [only] => only,
+        many => many.iter().find(|k| usable(k)).unwrap_or(&many[0]),
+    }
+    .clone()
+}
+
+/// Whether a certificate name (`api.example.com`, `*.example.com`) covers `name` (lower
+/// case): RFC 6125 §6.4.3, `*` stands for one left-most label.
+fn covers(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(base) => name
+            .split_once('.')
+            .is_some_and(|(_, parent)| parent == base),
+        None => pattern == name,
     }
 }
 
@@ -281,6 +312,32 @@ mod tests {
             &set.choose(Some("x.test"), |k| std::ptr::eq(&*b.0, k)),
             &b
         ));
+        // An exact name none of whose pairs fit falls back to a wildcard pair that does.
+        let w = pair(&["*.test"]);
+        let set = CertSet::from_pairs(vec![a.clone(), w.clone()]).unwrap();
+        let only_w = |k: &CertifiedKey| std::ptr::eq(&*w.0, k);
+        assert!(is(&set.choose(same, only_w), &w));
+        assert!(
+            is(&set.choose(same, |_| false), &a),
+            "none fits: the exact one"
+        );
+        assert!(is(&set.choose(same, |_| true), &a), "exact first");
+    }
+
+    /// The reload guard's "a valid pair serves this name" matches as `choose` does: an
+    /// exact name, or a wildcard covering one label.
+    #[test]
+    fn a_wildcard_serves_the_names_it_covers() {
+        assert!(covers("*.example.com", "www.example.com"));
+        assert!(!covers("*.example.com", "a.b.example.com"));
+        assert!(!covers("*.example.com", "example.com"));
+        assert!(covers("api.example.com", "api.example.com"));
+        let set = CertSet::from_pairs(vec![pair(&["*.example.com"])]).unwrap();
+        let names = ["www.example.com".to_string()];
+        #[allow(clippy::disallowed_methods)] // the pair is valid from now for a while
+        let now = SystemTime::now();
+        assert_eq!(set.valid_for(&names, now), Some("www.example.com"));
+        assert_eq!(set.valid_for(&["other.test".to_string()], now), None);
     }
 
     #[test]

@@ -16,8 +16,9 @@ pub struct State {
     pub tokens: u64,
     pub t: u64,
     /// The interval (µs) a debt (`t` after now) was written at; 0 when not known (an older
-    /// version's state), read as the current one. Nothing else reads it: a `t` in the past
-    /// is elapsed time, read at the current interval.
+    /// version's state), read as the current one. Written with a debt only, and left as it
+    /// was by other writes (as Lua's `HSET` of `n` and `t` leaves `i`). Nothing else reads
+    /// it: a `t` in the past is elapsed time, read at the current interval.
     pub interval: u64,
 }
 
@@ -84,10 +85,13 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     }
     let left = n - cost;
     let ttl = commit.then(|| {
+        // Not a debt: the interval stored with the last one stays as it was (Lua's `HSET` of
+        // `n` and `t` leaves `i`), so that both twins read the same state.
+        let interval = state.as_ref().map_or(0, |s| s.interval);
         *state = Some(State {
             tokens: left,
             t,
-            interval: i,
+            interval,
         });
         after(c - left)
     });
@@ -233,7 +237,7 @@ mod tests {
             Some(Any::TokenBucket(State {
                 tokens: 1,
                 t: t0 + 2 * S,
-                interval: S
+                interval: 0
             }))
         );
         let d = step(&p, &mut st, t0 + 5 * S, 0).decision;

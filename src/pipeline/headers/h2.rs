@@ -123,15 +123,13 @@ mod tests {
         assert!(to_http1(&mut h).unwrap_err().contains("not a token"));
 
         let mut h = HeaderMap::new();
-        for i in 0..MAX_FIELDS {
+        for i in 0..MAX_FIELDS - 1 {
             h.append("x-n", HeaderValue::from(i));
         }
-        assert!(!too_many_fields(&h));
         for c in ["a=1", "b=2", "c=3"] {
             h.append(COOKIE, HeaderValue::from_static(c));
         }
-        assert!(too_many_fields(&h), "cookies count as one field");
-        h.remove(COOKIE);
+        assert!(!too_many_fields(&h), "split cookies count as one field");
         h.append("x-n", HeaderValue::from_static("one more"));
         assert!(too_many_fields(&h));
     }
