@@ -22,6 +22,17 @@ pub struct State {
     pub interval: u64,
 }
 
+impl State {
+    /// A debt: no tokens until `t`, written with its interval (Lua's `token_owe`).
+    fn owing(t: u64, interval: u64) -> State {
+        State {
+            tokens: 0,
+            t,
+            interval,
+        }
+    }
+}
+
 /// The bucket at `now`, as (tokens, t) with t ≤ now and now − t < I unless full (t = now),
 /// or in debt: (0, t) with now < t ≤ now + C·I, no token before t + I; and whether the state
 /// must be written again to say so.
@@ -65,11 +76,7 @@ pub fn decide(p: &Params, state: &mut Option<State>, now: u64, cost: u64, commit
     // charged).
     let mut restate = || {
         (commit && rewrite).then(|| {
-            *state = Some(State {
-                tokens: 0,
-                t,
-                interval: i,
-            });
+            *state = Some(State::owing(t, i));
             after(c)
         })
     };
@@ -107,11 +114,7 @@ pub fn charge(p: &Params, state: &mut Option<State>, now: u64, cost: u64) -> Ver
         return decide(p, state, now, cost, true);
     }
     let t = (t + (cost - n) * i).min(now + c * i);
-    *state = Some(State {
-        tokens: 0,
-        t,
-        interval: i,
-    });
+    *state = Some(State::owing(t, i));
     let reset = t + c * i - now;
     verdict(Code::Allowed, c, 0, 0, reset, Some(reset))
 }

@@ -83,6 +83,24 @@ pub fn strip(headers: &mut HeaderMap, keep_upgrade: bool) {
     strip_as(headers, keep_upgrade, Side::Answer);
 }
 
+/// An answer's trailers: its hop-by-hop fields, as [`strip`] removes a head's (they are the
+/// upstream connection's, and an HTTP/2 client's stream is reset on them, RFC 9113 §8.2.2),
+/// and the fields no trailer may carry (RFC 9110 §6.5.1: framing, routing, the content's own
+/// metadata), which HTTP/2 clients refuse as a protocol error. HTTP/1.1 clients are sent no
+/// trailers (hyper drops them).
+pub fn strip_trailers(fields: &mut HeaderMap) {
+    strip(fields, false);
+    for name in [
+        header::CONTENT_LENGTH,
+        header::HOST,
+        header::CONTENT_TYPE,
+        header::CONTENT_ENCODING,
+        header::CONTENT_RANGE,
+    ] {
+        fields.remove(name);
+    }
+}
+
 /// [`strip`] for a request whose listed fields [`strip_listed`] already removed (its
 /// `Connection` is not read again), and, in the same pass over the names, the fields
 /// [`underscore`] keeps from the upstream.

@@ -298,7 +298,15 @@ impl HttpBody for Streamed {
                 // "upstream prematurely closed connection").
                 tracing::warn!(upstream = %this.target_name(), error = %e, "upstream's answer body broke off: the answer is cut");
             }
-            return Poll::Ready(frame.map(|r| r.map(hop_by_hop_trailers).map_err(BoxError::from)));
+            return Poll::Ready(frame.map(|r| {
+                r.map(|mut frame| {
+                    if let Some(fields) = frame.trailers_mut() {
+                        hop_by_hop::strip_trailers(fields);
+                    }
+                    frame
+                })
+                .map_err(BoxError::from)
+            }));
         }
         let stall = &mut this.stall;
         let since = *stall.since.get_or_insert_with(tokio::time::Instant::now);
@@ -324,29 +332,6 @@ impl HttpBody for Streamed {
         self.body.size_hint()
     }
 }
-
-/// Trailers lose their hop-by-hop fields as a head does (RFC 9110 §7.6.1): they are the
-/// upstream connection's, and an HTTP/2 client's stream is reset on them (RFC 9113 §8.2.2),
-/// after the whole body was sent. So do the fields no trailer may carry (RFC 9110 §6.5.1:
-/// framing, routing, the content's own metadata), which HTTP/2 clients refuse as a protocol
-/// error. HTTP/1.1 clients are sent no trailers (hyper drops them).
-fn hop_by_hop_trailers(mut frame: Frame<Bytes>) -> Frame<Bytes> {
-    if let Some(fields) = frame.trailers_mut() {
-        hop_by_hop::strip(fields, false);
-        for name in NOT_IN_TRAILERS {
-            fields.remove(name);
-        }
-    }
-    frame
-}
-
-const NOT_IN_TRAILERS: [http::HeaderName; 5] = [
-    http::header::CONTENT_LENGTH,
-    http::header::HOST,
-    http::header::CONTENT_TYPE,
-    http::header::CONTENT_ENCODING,
-    http::header::CONTENT_RANGE,
-];
 
 impl Streamed {
     /// The body waited `after` for bytes: logged, and failed (the client's answer is cut).
